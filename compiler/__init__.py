@@ -1,0 +1,1 @@
+"""zinc package."""

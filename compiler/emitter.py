@@ -1,0 +1,171 @@
+"""A small MLIR text builder: globals, deduplicated helper functions, and an entry body.
+
+Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper functions rendered
+once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
+right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension.
+Imports: zinc.compiler.kernels, zinc.mlir templates.
+"""
+
+from __future__ import annotations
+
+import itertools
+from importlib import resources
+from string import Template
+
+from zinc.compiler.kernels import (
+    QuantType,
+    gather_name,
+    matmul_name,
+    render_gather,
+    render_matmul,
+    t_dims,
+)
+
+
+def template(name: str) -> Template:
+    return Template(resources.files("zinc.mlir").joinpath(name).read_text())
+
+
+def f32_const(x: float) -> str:
+    return f"{x:.9e}"
+
+
+class ModuleEmitter:
+    """Collects the text of one MLIR module."""
+
+    def __init__(self) -> None:
+        self.globals: dict[str, str] = {}  # symbol -> declaration
+        self.funcs: dict[str, str] = {}  # symbol -> private helper text
+        self.entries: list[str] = []
+
+    def param(self, gguf_name: str, mlir_type: str) -> str:
+        """A weight bound at run time from the parameter archive; returns its global symbol."""
+        sym = "w_" + gguf_name.replace(".", "_")
+        self.globals[sym] = (
+            f'util.global private @{sym} = #flow.parameter.named<"model"::"{gguf_name}"> : {mlir_type}'
+        )
+        return sym
+
+    def helper(self, name: str, render: str) -> str:
+        self.funcs.setdefault(name, render)
+        return name
+
+    def text(self, module_name: str) -> str:
+        parts = [
+            f"module @{module_name} {{",
+            *self.globals.values(),
+            *self.funcs.values(),
+            *self.entries,
+            "}",
+        ]
+        return "\n".join(parts) + "\n"
+
+
+class Body:
+    """The body of one entry function: SSA values, with `T` static (1) or dynamic (?)."""
+
+    def __init__(self, mod: ModuleEmitter, dynamic: bool) -> None:
+        self.mod = mod
+        self.dynamic = dynamic
+        self.t = "?" if dynamic else "1"
+        self.lines: list[str] = []
+        self._counter = itertools.count(1)
+
+    def single_token_view(self) -> Body:
+        """The same body, with ops specialised for one token (the last position's logits)."""
+        view = Body(self.mod, dynamic=False)
+        view.lines, view._counter = self.lines, self._counter
+        return view
+
+    def fresh(self, hint: str) -> str:
+        return f"%{hint.replace('.', '_')}_{next(self._counter)}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("  " + line)
+
+    def call(self, fn: str, args: list[tuple[str, str]], result_type: str, hint: str) -> str:
+        out = self.fresh(hint)
+        names = ", ".join(a for a, _ in args)
+        types = ", ".join(t for _, t in args)
+        self.emit(f"{out} = func.call @{fn}({names}) : ({types}) -> {result_type}")
+        return out
+
+    def act(self, n: int) -> str:
+        """Type of a [T, n] activation."""
+        return f"tensor<{self.t}x{n}xf32>"
+
+    def load(self, sym: str, mlir_type: str) -> str:
+        out = self.fresh(sym)
+        self.emit(f"{out} = util.global.load @{sym} : {mlir_type}")
+        return out
+
+    # --- ops -------------------------------------------------------------------------------------
+
+    def matmul(self, q: QuantType, w: str, n: int, k: int, x: str, hint: str) -> str:
+        name = self.mod.helper(matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic))
+        return self.call(name, [(w, q.param_type(n, k)), (x, self.act(k))], self.act(n), hint)
+
+    def gather(self, q: QuantType, w: str, rows: int, cols: int, ids: str) -> str:
+        name = self.mod.helper(
+            gather_name(q, rows, cols, self.dynamic), render_gather(q, rows, cols, self.dynamic)
+        )
+        return self.call(
+            name, [(w, q.param_type(rows, cols)), (ids, f"tensor<{self.t}xi32>")], self.act(cols), "embd"
+        )
+
+    def rmsnorm(self, x: str, w: str, d: int, eps: float, hint: str) -> str:
+        name = f"rmsnorm_{self.t_tag}_{d}"
+        subs = {
+            "NAME": name,
+            "D": str(d),
+            "DF": f32_const(float(d)),
+            "EPS": f32_const(eps),
+            **t_dims(self.dynamic),
+        }
+        self.mod.helper(name, template("rmsnorm.mlir").substitute(subs))
+        return self.call(name, [(x, self.act(d)), (w, f"tensor<{d}xf32>")], self.act(d), hint)
+
+    def rope(self, x: str, start: str, heads: int, head_dim: int, n_rot: int, base: float, hint: str) -> str:
+        name = f"rope_norm_{self.t_tag}_{heads}x{head_dim}"
+        subs = {
+            "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
+            "NR2": str(n_rot // 2), "NEG2_OVER_NR": f32_const(-2.0 / n_rot), "BASE": f32_const(base),
+            **t_dims(self.dynamic),
+        }  # fmt: skip
+        self.mod.helper(name, template("rope_norm.mlir").substitute(subs))
+        hhd = self.act(heads * head_dim)
+        return self.call(name, [(x, hhd), (start, "index")], hhd, hint)
+
+    def attention(self, q: str, kv_old: tuple[str, str], kv_new: tuple[str, str], heads: int, heads_kv: int, head_dim: int) -> str:
+        """Attention of T queries over cached rows (`kv_old`, [S, Hkv, hd]) and this step's rows."""
+        name = f"attention_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
+        subs = {
+            "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
+            "HD": str(head_dim), "SCALE": f32_const(head_dim**-0.5),
+            "DYN_S": "%T, %S" if self.dynamic else "%S", "DYN_TT": "%T, %T" if self.dynamic else "",
+            **t_dims(self.dynamic),
+        }  # fmt: skip
+        self.mod.helper(name, template("attention.mlir").substitute(subs))
+        old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
+        new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
+        hhd = self.act(heads * head_dim)
+        args = [(q, hhd), (kv_old[0], old), (kv_old[1], old), (kv_new[0], new), (kv_new[1], new)]
+        return self.call(name, args, hhd, "attn")
+
+    def elementwise(self, op: str, a: str, b: str, d: int, hint: str) -> str:
+        suffix = f"{self.t_tag}_{d}"
+        self.mod.helper(
+            f"add_{suffix}",
+            template("elementwise.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic)),
+        )
+        return self.call(f"{op}_{suffix}", [(a, self.act(d)), (b, self.act(d))], self.act(d), hint)
+
+    def argmax(self, logits: str, vocab: int) -> str:
+        name = self.mod.helper(
+            f"argmax_{vocab}", template("argmax.mlir").substitute(NAME=f"argmax_{vocab}", V=str(vocab))
+        )
+        return self.call(name, [(logits, f"tensor<1x{vocab}xf32>")], "tensor<1xi32>", "token")
+
+    @property
+    def t_tag(self) -> str:
+        return "t" if self.dynamic else "1"

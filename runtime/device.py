@@ -1,0 +1,103 @@
+"""Choosing and opening an IREE HAL device: `cpu` (local-sync / local-task), `vulkan`, or `auto`.
+
+Owns: device resolution (auto takes a real Vulkan GPU when one exists, else the CPU; lavapipe
+and other CPU emulations never count as a GPU), one cached `HalDevice` per URI, and reading a
+device array back to the host (our own path: `DeviceArray.to_host()` fails on lavapipe).
+Imports: iree.runtime, numpy, zinc.errors.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import iree.runtime as rt
+import numpy as np
+
+from zinc.errors import DeviceError, ZincError
+
+DEVICE_CHOICES = ("auto", "cpu", "vulkan")
+CPU_DRIVERS = ("local-sync", "local-task")
+_SOFTWARE_GPUS = ("llvmpipe", "lavapipe", "swiftshader", "software")
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    target: str  # artifact target: "cpu" or "vulkan"
+    uri: str  # IREE device URI: "local-sync", "local-task" or "vulkan"
+    name: str  # human-readable, e.g. "llvmpipe (LLVM 15.0.6, 256 bits)"
+
+
+@functools.cache
+def vulkan_devices() -> tuple[str, ...]:
+    """Names of the Vulkan devices the loader sees; empty when there is no driver or loader."""
+    try:
+        driver = rt.get_driver("vulkan")
+        infos: list[dict[str, Any]] = driver.query_available_devices()
+    except Exception:
+        return ()
+    return tuple(str(info.get("name", "vulkan")) for info in infos)
+
+
+def is_real_gpu(name: str) -> bool:
+    low = name.lower()
+    return not any(s in low for s in _SOFTWARE_GPUS)
+
+
+def resolve_device(choice: str, cpu_driver: str = "local-sync") -> DeviceSpec:
+    """Turn a user's `--device` into a concrete device, or a clear `DeviceError`."""
+    if choice not in DEVICE_CHOICES:
+        raise ZincError(f"unknown device {choice!r}: choose one of {', '.join(DEVICE_CHOICES)}")
+    if cpu_driver not in CPU_DRIVERS:
+        raise ZincError(f"unknown CPU driver {cpu_driver!r}: choose one of {', '.join(CPU_DRIVERS)}")
+    if choice in ("vulkan", "auto"):
+        names = vulkan_devices()
+        if choice == "vulkan":
+            if not names:
+                raise DeviceError(
+                    "no Vulkan device found: install a Vulkan driver (on Debian: "
+                    "apt-get install mesa-vulkan-drivers libvulkan1) or use --device cpu"
+                )
+            return DeviceSpec("vulkan", "vulkan", names[0])
+        gpus = [n for n in names if is_real_gpu(n)]
+        if gpus:
+            return DeviceSpec("vulkan", "vulkan", gpus[0])
+    return DeviceSpec("cpu", cpu_driver, f"CPU ({cpu_driver})")
+
+
+@functools.cache
+def open_device(uri: str) -> Any:
+    """One HAL device per URI for the whole process."""
+    try:
+        return rt.get_device(uri)
+    except Exception as exc:
+        raise DeviceError(f"cannot open IREE device {uri!r}: {exc}") from exc
+
+
+def to_host(array: Any, device: Any) -> np.ndarray[Any, Any]:
+    """Copy a device array to a numpy array.
+
+    Host-mappable buffers are read directly; others (Vulkan) go through a staging buffer that is
+    host-local and device-visible, because iree.runtime's own `to_host` imports an unaligned host
+    pointer that lavapipe rejects.
+    """
+    if array._is_mappable():
+        return np.asarray(array.to_host())
+    view = array._buffer_view
+    src = view.get_buffer()
+    staging = device.allocator.allocate_buffer(
+        memory_type=int(rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE),
+        allowed_usage=int(rt.BufferUsage.TRANSFER_TARGET | rt.BufferUsage.MAPPING_SCOPED),
+        allocation_size=src.byte_length(),
+    )
+    sem = device.create_semaphore(0)
+    device.queue_copy(
+        src,
+        staging,
+        wait_semaphores=rt.HalFence.create_at(sem, 0),
+        signal_semaphores=rt.HalFence.create_at(sem, 1),
+    )
+    rt.HalFence.create_at(sem, 1).wait()
+    dtype = rt.HalElementType.map_to_dtype(view.element_type)
+    return np.array(staging.map().asarray(view.shape, dtype))

@@ -1,0 +1,61 @@
+"""Loading a compiled vmfb into an IREE context with its weights bound as parameters.
+
+Owns: `LoadedModule` — a VM context holding the HAL module, an `io_parameters` module backed by
+a `ParameterIndex` over the GGUF file (and any `.irpa` of repacked weights), and the compiled
+module; `fn(name)` returns a callable entry point.
+Imports: iree.runtime, zinc.runtime.device, zinc.errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import iree.runtime as rt
+import numpy as np
+
+from zinc.errors import ArtifactError
+from zinc.runtime.device import open_device
+
+PARAMETER_SCOPE = "model"
+
+
+class LoadedModule:
+    def __init__(
+        self,
+        vmfb: bytes | Path,
+        device_uri: str,
+        parameter_files: Sequence[Path] = (),
+        parameter_arrays: Mapping[str, np.ndarray[Any, Any]] | None = None,
+    ) -> None:
+        self.device = open_device(device_uri)
+        config = rt.Config(device=self.device)
+        index = rt.ParameterIndex()
+        for path in parameter_files:
+            index.load(str(path))
+        for name, arr in (parameter_arrays or {}).items():
+            index.add_buffer(name, np.ascontiguousarray(arr))
+        params = rt.create_io_parameters_module(
+            config.vm_instance, index.create_provider(scope=PARAMETER_SCOPE)
+        )
+        try:
+            if isinstance(vmfb, Path):
+                vm_module = rt.VmModule.mmap(config.vm_instance, str(vmfb))
+            else:
+                vm_module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+        except Exception as exc:
+            raise ArtifactError(f"cannot load compiled module: {exc}") from exc
+        self._index = index  # keeps mmaps and buffers alive
+        self.context = rt.SystemContext(vm_modules=[params, vm_module], config=config)
+        self._module = self.context.modules[vm_module.name]
+
+    def fn(self, name: str) -> Callable[..., Any]:
+        try:
+            f: Callable[..., Any] = self._module[name]
+        except KeyError as exc:
+            raise ArtifactError(f"compiled module has no entry point {name!r}") from exc
+        return f
+
+    def to_device(self, array: np.ndarray[Any, Any]) -> Any:
+        return rt.asdevicearray(self.device, np.ascontiguousarray(array))

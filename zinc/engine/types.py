@@ -1,0 +1,100 @@
+"""The engine's contract with its callers (server, CLI): requests in, token events out.
+
+Owns: frozen request/event dataclasses and the `Engine` protocol. The server and the CLI talk
+only to this surface; the real engine (zinc.engine.engine) and the tests' fake engine both
+satisfy it.
+Imports: zinc.errors only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling controls, already validated and clamped (OpenAI/llama.cpp names)."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation: prompt token ids in, at most `max_tokens` new tokens out."""
+
+    request_id: str
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: Sequence[str] = ()  # text stop sequences; never leaked into the output
+    stop_on_eog: bool = True  # stop at the model's end-of-generation tokens
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """A piece of generated text (may be empty while a stop sequence is being held back).
+
+    `finish_reason` is set on the last event of a generation, together with `usage`.
+    """
+
+    text: str
+    token_ids: Sequence[int] = ()
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    active_requests: int
+    queued_requests: int
+    context_length: int
+
+
+class Engine(Protocol):
+    """What the server needs from a loaded model.
+
+    `generate` is an async iterator; when the consumer stops iterating (client gone, task
+    cancelled), the generation is aborted and its cache freed at the next step boundary.
+    It raises `QueueFullError` at once when admission is refused and
+    `ContextLengthExceededError` before yielding anything when the prompt does not fit.
+    """
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
+
+    def detokenize(self, ids: Sequence[int]) -> str: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]: ...

