@@ -89,7 +89,7 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
     b.emit(f"{new_rows} = tensor.empty({'%T' if dynamic else ''}) : {nt}")
     for il in range(hp.block_count):
         p = f"blk.{il}."
-        mm = lambda w, n, k, inp: b.matmul(q_of(p + w), _weight(mod, b, desc, p + w, n, k), n, k, inp, w)  # noqa: E731
+        mm = lambda w, n, k, inp, p=p: b.matmul(q_of(p + w), _weight(mod, b, desc, p + w, n, k), n, k, inp, w)  # noqa: E731
         cur = b.rmsnorm(
             x, _norm_weight(mod, b, p + "attn_norm.weight", d), d, hp.layer_norm_rms_epsilon, "attn_norm"
         )

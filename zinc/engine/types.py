@@ -3,7 +3,7 @@
 Owns: frozen request/event dataclasses and the `Engine` protocol. The server and the CLI talk
 only to this surface; the real engine (zinc.engine.engine) and the tests' fake engine both
 satisfy it.
-Imports: zinc.errors only.
+Imports: zinc.runtime.sampling (SamplingParams, a plain dataclass module) and the stdlib.
 """
 
 from __future__ import annotations
@@ -12,22 +12,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from zinc.runtime.sampling import SamplingParams
+
+__all__ = ["SamplingParams"]
+
 FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling controls, already validated and clamped (OpenAI/llama.cpp names)."""
-
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    min_p: float = 0.0
-    seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    repeat_penalty: float = 1.0
-    logit_bias: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -37,7 +26,7 @@ class GenerationRequest:
     request_id: str
     prompt_ids: Sequence[int]
     max_tokens: int
-    sampling: SamplingParams = SamplingParams()
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()  # text stop sequences; never leaked into the output
     stop_on_eog: bool = True  # stop at the model's end-of-generation tokens
 

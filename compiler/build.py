@@ -1,0 +1,108 @@
+"""`zinc compile`: GGUF -> model description -> MLIR -> vmfb + manifest, with a compile cache.
+
+Owns: `compile_model` (build one artifact into a directory), `ensure_artifact` (compile on first
+use into `$ZINC_CACHE`, keyed by the GGUF identity, target, flags, versions and the generated
+MLIR; a broken cache entry is rebuilt, never trusted) and the cache location.
+Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from zinc.compiler import llama
+from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
+
+from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
+from zinc.errors import ArtifactError
+from zinc.model.gguf_file import GGUFModel, open_gguf
+from zinc.model.hparams import describe
+
+Progress = Callable[[str], None]
+
+
+def zinc_version() -> str:
+    try:
+        return metadata.version("zinc-llm")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("ZINC_CACHE") or Path.home() / ".cache" / "zinc")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything an artifact is derived from; its hash is the cache key."""
+
+    gguf: GGUFModel
+    target: str
+    mlir: str
+    flags: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        h = hashlib.sha256()
+        for part in (
+            str(FORMAT_VERSION), zinc_version(), compiler_version(), self.target, *self.flags,
+            self.gguf.identity, str(self.gguf.file_size), sha256_bytes(self.mlir.encode()),
+        ):  # fmt: skip
+            h.update(part.encode() + b"\0")
+        return h.hexdigest()[:24]
+
+
+def plan(gguf_path: str | os.PathLike[str], target: str) -> Plan:
+    gguf = open_gguf(gguf_path)
+    desc = describe(gguf)
+    text = llama.build_module(desc)
+    return Plan(gguf=gguf, target=check_target(target), mlir=text, flags=TARGET_FLAGS[target])
+
+
+def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep_ir: bool = False) -> Path:
+    say = progress or (lambda _msg: None)
+    desc = describe(p.gguf)
+    say(f"iree-compile for {p.target} ({desc.hparams.block_count} layers)")
+    t0 = time.perf_counter()
+    vmfb = compile_mlir(p.mlir, p.target)
+    say(f"compiled in {time.perf_counter() - t0:.1f} s ({len(vmfb) / 1e6:.2f} MB)")
+    vmfb_name = f"model.{p.target}.vmfb"
+    manifest = Manifest(
+        zinc_version=zinc_version(),
+        iree_compiler_version=compiler_version(),
+        target=p.target,
+        flags=list(p.flags),
+        gguf_identity=p.gguf.identity,
+        gguf_file_size=p.gguf.file_size,
+        architecture=desc.hparams.architecture,
+        hparams=desc.hparams,
+        entry_points=list(llama.ENTRY_POINTS),
+        vmfb=vmfb_name,
+        vmfb_sha256=sha256_bytes(vmfb),
+        mlir_sha256=sha256_bytes(p.mlir.encode()),
+    )
+    extra = {"model.mlir": p.mlir} if keep_ir else None
+    return write_artifact(out_dir, manifest, vmfb, extra)
+
+
+def ensure_artifact(
+    gguf_path: str | os.PathLike[str], target: str, progress: Progress | None = None, cache_dir: Path | None = None
+) -> Path:
+    """The cached artifact for this GGUF and target, compiling it if absent or broken."""
+    say = progress or (lambda _msg: None)
+    p = plan(gguf_path, target)
+    directory = (cache_dir or cache_root()) / f"{p.gguf.path.stem}-{p.target}-{p.key}"
+    if (directory / MANIFEST).exists():
+        try:
+            load_manifest(directory, p.gguf)
+            say(f"using cached artifact {directory}")
+            return directory
+        except ArtifactError as exc:
+            say(f"rebuilding broken cache entry: {exc.message}")
+    return compile_model(p, directory, progress)

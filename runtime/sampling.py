@@ -1,0 +1,84 @@
+"""Token sampling from logits on the host, and the per-request sampling parameters.
+
+Owns: `SamplingParams` (OpenAI / llama.cpp names, already validated) and `Sampler`, which
+applies logit bias, repetition/presence/frequency penalties, temperature, top-k, min-p and top-p,
+then draws from a seeded generator. Greedy decoding never needs the logits: the device computes
+the argmax, so `Sampler.needs_logits` is False for plain greedy requests.
+Imports: numpy only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+F32 = np.ndarray[Any, np.dtype[np.float32]]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling controls, already validated and clamped (OpenAI/llama.cpp names)."""
+
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams) -> None:
+        self.p = params
+        self.rng = np.random.default_rng(params.seed)
+
+    @property
+    def needs_logits(self) -> bool:
+        p = self.p
+        return bool(
+            p.temperature > 0 or p.logit_bias or p.presence_penalty or p.frequency_penalty or p.repeat_penalty != 1.0
+        )
+
+    def _adjust(self, logits: F32, history: Sequence[int]) -> F32:
+        p = self.p
+        x = logits.astype(np.float32, copy=True)
+        for tok, bias in p.logit_bias.items():
+            if 0 <= tok < x.size:
+                x[tok] += bias
+        if history and (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
+            counts = Counter(history)
+            ids = np.fromiter(counts.keys(), dtype=np.int64)
+            ids = ids[(ids >= 0) & (ids < x.size)]
+            if p.repeat_penalty != 1.0:  # llama.cpp: divide positive logits, multiply negative ones
+                v = x[ids]
+                x[ids] = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
+            n = np.array([counts[int(i)] for i in ids], dtype=np.float32)
+            x[ids] -= p.frequency_penalty * n + p.presence_penalty * (n > 0)
+        return x
+
+    def sample(self, logits: F32, history: Sequence[int] = ()) -> int:
+        x = self._adjust(logits, history)
+        p = self.p
+        if p.temperature <= 0:
+            return int(np.argmax(x))
+        x = x.astype(np.float64) / p.temperature
+        order = np.argsort(-x, kind="stable")
+        if p.top_k > 0:
+            order = order[: p.top_k]
+        z = x[order]
+        probs = np.exp(z - z[0])
+        probs /= probs.sum()
+        keep = probs.size
+        if p.min_p > 0:
+            keep = min(keep, int(np.count_nonzero(probs >= p.min_p * probs[0])))
+        if p.top_p < 1.0:
+            keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
+        probs = probs[: max(keep, 1)]
+        return int(order[self.rng.choice(probs.size, p=probs / probs.sum())])

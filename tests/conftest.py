@@ -1,0 +1,77 @@
+"""Shared test fixtures: model paths, tiny GGUF fixtures, devices, and compiled sessions.
+
+Compiled artifacts go to `.zinc-cache/` in the repository (or `$ZINC_CACHE`), so a second run
+reuses them; a fresh clone compiles each model once per run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fixtures.make_fixtures import FIXTURES, write_fixture
+from zinc.compiler.build import ensure_artifact
+from zinc.errors import GGUFError
+from zinc.model.gguf_file import default_model_path
+from zinc.runtime.device import DeviceSpec, resolve_device, vulkan_devices
+from zinc.runtime.session import ModelSession
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("ZINC_CACHE", str(ROOT / ".zinc-cache"))
+GOLDEN = ROOT.parent / "shared" / "golden"
+
+DEVICES = {
+    "cpu": lambda: resolve_device("cpu", "local-sync"),
+    "cpu-task": lambda: resolve_device("cpu", "local-task"),
+    "vulkan": lambda: resolve_device("vulkan"),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if vulkan_devices():
+        return
+    skip = pytest.mark.skip(reason="no Vulkan device (install mesa-vulkan-drivers libvulkan1 for lavapipe)")
+    for item in items:
+        if "vulkan" in item.keywords:
+            item.add_marker(skip)
+
+
+def device_params(*names: str) -> list[object]:
+    """Parametrize over devices; the vulkan one carries the `vulkan` marker."""
+    return [pytest.param(n, marks=[pytest.mark.vulkan] if n == "vulkan" else [], id=n) for n in names]
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("tiny")
+    return {name: write_fixture(spec, out / f"{name}.gguf") for name, spec in FIXTURES.items()}
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    try:
+        path = default_model_path()
+    except GGUFError as exc:
+        pytest.skip(exc.message)
+    return path
+
+
+SessionFactory = Callable[[Path, str], ModelSession]
+
+
+@pytest.fixture(scope="session")
+def open_session() -> SessionFactory:
+    """Open (compiling once, through the cache) a session for a model on a named device."""
+    sessions: dict[tuple[Path, str], ModelSession] = {}
+
+    def make(model: Path, device: str) -> ModelSession:
+        key = (model, device)
+        if key not in sessions:
+            spec: DeviceSpec = DEVICES[device]()
+            sessions[key] = ModelSession(ensure_artifact(model, spec.target), model, spec, context_length=512)
+        return sessions[key]
+
+    return make

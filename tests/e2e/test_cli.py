@@ -1,0 +1,89 @@
+"""The `zinc` command as a user runs it: compile, prompt mode, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from zinc.model.gguf_file import open_gguf
+
+
+def zinc(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "zinc", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], pattern: str) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("zinc: error:") and pattern in lines[0], lines[0]
+
+
+@pytest.mark.e2e
+def test_compile_writes_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    out = tmp_path / "art"
+    proc = zinc("compile", str(tiny_models["tiny-q8-q41"]), "--target", "cpu", "-o", str(out), "--keep-ir")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["target"] == "cpu" and manifest["architecture"] == "llama"
+    assert manifest["entry_points"] == ["prefill", "decode", "kv_write"]
+    vmfb = out / manifest["vmfb"]
+    # weights stay in the GGUF: no tensor's bytes appear in the module
+    gguf = open_gguf(tiny_models["tiny-q8-q41"])
+    blob, data = vmfb.read_bytes(), tiny_models["tiny-q8-q41"].read_bytes()
+    for name in ("blk.0.ffn_up.weight", "token_embd.weight", "blk.1.attn_norm.weight"):
+        t = gguf.tensors[name]
+        assert data[t.offset + 16 : t.offset + 80] not in blob, f"{name} was embedded in the vmfb"
+    assert '#flow.parameter.named<"model"::"blk.0.attn_q.weight">' in (out / "model.mlir").read_text()
+
+
+@pytest.mark.e2e
+def test_prompt_ids_mode_is_deterministic(tiny_models: dict[str, Path]) -> None:
+    args = ("-m", str(tiny_models["tiny-q40-f16"]), "--prompt-ids", "1,2,3", "-n", "6", "--device", "cpu")
+    first, second = zinc(*args), zinc(*args)
+    assert first.returncode == 0, first.stderr
+    ids = [int(x) for x in first.stdout.split()]
+    assert len(ids) == 6 and all(0 <= i < 320 for i in ids)
+    assert first.stdout == second.stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("args", "pattern"),
+    [
+        (("compile", "/nonexistent/model.gguf"), "model file not found"),
+        (("compile", "pyproject.toml"), "not a GGUF file"),
+        (("-m", "/nonexistent.gguf", "--prompt-ids", "1"), "model file not found"),
+        (("--prompt-ids", "1,x"), "comma-separated integers"),
+        (("compile", "pyproject.toml", "--target", "tpu"), "not a GGUF file"),
+    ],
+)
+def test_errors_are_one_line(args: tuple[str, ...], pattern: str) -> None:
+    assert_one_line_error(zinc(*args), pattern)
+
+
+@pytest.mark.e2e
+def test_unknown_target(tiny_models: dict[str, Path]) -> None:
+    assert_one_line_error(zinc("compile", str(tiny_models["tiny-q8-q41"]), "--target", "tpu"), "unknown target")
+
+
+@pytest.mark.e2e
+def test_missing_vulkan_driver_is_one_line(tiny_models: dict[str, Path]) -> None:
+    env = {"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"}
+    proc = zinc("-m", str(tiny_models["tiny-q8-q41"]), "--prompt-ids", "1", "--device", "vulkan", env=env)
+    assert_one_line_error(proc, "no Vulkan device")

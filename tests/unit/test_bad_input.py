@@ -1,0 +1,121 @@
+"""Bad model files, artifacts and devices: each is one clear `ZincError`, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter, quants
+
+from zinc.artifact import MANIFEST, load_manifest
+from zinc.compiler.build import ensure_artifact
+from zinc.errors import ArtifactError, DeviceError, GGUFError, UnsupportedModelError
+from zinc.model.gguf_file import open_gguf
+from zinc.model.hparams import describe
+from zinc.runtime import device as device_mod
+from zinc.runtime.device import resolve_device
+from zinc.runtime.session import ModelSession
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(GGUFError, match="not found"):
+        open_gguf(tmp_path / "nope.gguf")
+
+
+def test_not_gguf(tmp_path: Path) -> None:
+    p = tmp_path / "x.gguf"
+    p.write_text("hello, this is text")
+    with pytest.raises(GGUFError, match="not a GGUF file"):
+        open_gguf(p)
+
+
+@pytest.mark.parametrize("keep", [0.0005, 0.5, 0.99])
+def test_truncated(tmp_path: Path, tiny_models: dict[str, Path], keep: float) -> None:
+    src = tiny_models["tiny-q8-q41"].read_bytes()
+    p = tmp_path / "cut.gguf"
+    p.write_bytes(src[: max(8, int(len(src) * keep))])
+    with pytest.raises(GGUFError, match="truncated|damaged"):
+        open_gguf(p)
+
+
+def _write(path: Path, arch: str, qtype: GGMLQuantizationType | None = None) -> Path:
+    w = GGUFWriter(str(path), arch)
+    w.add_block_count(1)
+    data = np.ones((32, 64), np.float32)
+    if qtype is None:
+        w.add_tensor("token_embd.weight", data)
+    else:
+        w.add_tensor("token_embd.weight", quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_unknown_architecture(tmp_path: Path) -> None:
+    with pytest.raises(UnsupportedModelError, match=r"'mamba' is not supported.*llama"):
+        describe(open_gguf(_write(tmp_path / "m.gguf", "mamba")))
+
+
+def test_unsupported_quant_type(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    from zinc.compiler.build import plan
+
+    src = open_gguf(tiny_models["tiny-f32-q8"])
+    desc = describe(src)
+    assert set(desc.tensor_types.values()) <= {"F32", "Q8_0"}
+    bad = tmp_path / "q5.gguf"
+    _write(bad, "llama", GGMLQuantizationType.Q5_0)
+    with pytest.raises((UnsupportedModelError, GGUFError)):
+        plan(bad, "cpu")
+
+
+def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    cache = tmp_path / "cache"
+    art = ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=cache)
+    other = open_gguf(tiny_models["tiny-q40-f16"])
+    with pytest.raises(ArtifactError, match="different GGUF"):
+        load_manifest(art, other)
+    with pytest.raises(ArtifactError, match="different GGUF"):
+        ModelSession(art, other.path, resolve_device("cpu"))
+    vmfb = next(art.glob("*.vmfb"))
+    vmfb.write_bytes(vmfb.read_bytes()[:100])
+    with pytest.raises(ArtifactError, match="corrupted"):
+        load_manifest(art)
+    # the cache does not trust a broken entry: it rebuilds it
+    rebuilt = ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=cache)
+    assert rebuilt == art
+    load_manifest(rebuilt, open_gguf(tiny_models["tiny-q8-q41"]))
+    (art / MANIFEST).write_text("{not json")
+    with pytest.raises(ArtifactError, match="corrupted manifest"):
+        load_manifest(art)
+    shutil.rmtree(art)
+    with pytest.raises(ArtifactError, match="not a zinc artifact"):
+        load_manifest(art)
+
+
+def test_unknown_format_version(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    art = ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=tmp_path)
+    data = json.loads((art / MANIFEST).read_text())
+    data["format_version"] = 999
+    (art / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match="format version 999"):
+        load_manifest(art)
+
+
+def test_missing_vulkan_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_mod, "vulkan_devices", lambda: ())
+    with pytest.raises(DeviceError, match="no Vulkan device"):
+        resolve_device("vulkan")
+    assert resolve_device("auto").target == "cpu"
+
+
+def test_auto_never_picks_a_software_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_mod, "vulkan_devices", lambda: ("llvmpipe (LLVM 15.0.6, 256 bits)",))
+    assert resolve_device("auto").target == "cpu"
+    assert resolve_device("vulkan").target == "vulkan"
+    monkeypatch.setattr(device_mod, "vulkan_devices", lambda: ("NVIDIA H100 80GB HBM3",))
+    assert resolve_device("auto").target == "vulkan"

@@ -1,0 +1,223 @@
+"""The `zinc` command line: compile, serve, tokenize, and the prompt mode.
+
+Owns: argument parsing (Typer), the progress display on stderr (rich), turning every `ZincError`
+into one line on stderr and a non-zero exit, and wiring the compiler (compile on first use, via
+the cache) to the runtime and engine.
+Imports: typer, rich, and every zinc layer (this is the top of the stack).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from zinc.compiler.build import compile_model, ensure_artifact, plan
+from zinc.compiler.targets import TARGETS
+from zinc.engine.engine import LocalEngine
+from zinc.engine.generate import generate_ids
+from zinc.errors import ZincError
+from zinc.model.gguf_file import default_model_path, open_gguf
+from zinc.runtime.device import DEVICE_CHOICES, DeviceSpec, resolve_device
+from zinc.runtime.sampling import SamplingParams
+from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession
+from zinc.server import ServerConfig, serve
+from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
+
+err = Console(stderr=True, highlight=False)
+app = typer.Typer(
+    name="zinc",
+    help="Compile GGUF models ahead of time with IREE and run them: prompt mode, or an OpenAI-compatible server.",
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ModelOpt = Annotated[
+    Path | None, typer.Option("--model", "-m", help="GGUF model file (default: the bundled SmolLM2-135M-Instruct)")
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help=f"Where to run: {'|'.join(DEVICE_CHOICES)}")]
+CpuDriverOpt = Annotated[str, typer.Option("--cpu-driver", help="IREE CPU driver: local-sync|local-task")]
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    err.print(f"[bold red]zinc: error:[/] {message}")
+    raise typer.Exit(code)
+
+
+def model_path(model: Path | None) -> Path:
+    return model if model is not None else default_model_path()
+
+
+def progress(message: str) -> None:
+    err.print(f"[dim]zinc:[/] {message}")
+
+
+def open_session(model: Path, device: DeviceSpec, context: int) -> ModelSession:
+    with err.status(f"preparing {model.name} for {device.name}..."):
+        artifact = ensure_artifact(model, device.target, progress)
+        return ModelSession(artifact, model, device, context)
+
+
+@app.command("compile")
+def compile_cmd(
+    model: Annotated[Path, typer.Argument(help="GGUF model file")],
+    target: Annotated[str, typer.Option("--target", "-t", help=f"Compile target: {'|'.join(TARGETS)}")] = "cpu",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Artifact directory (default: the cache)")] = None,
+    keep_ir: Annotated[bool, typer.Option("--keep-ir", help="Also write the generated MLIR")] = False,
+) -> None:
+    """Compile MODEL.gguf into an artifact directory (vmfb + manifest.json)."""
+    with err.status(f"compiling {model.name} for {target}..."):
+        if output is None:
+            artifact = ensure_artifact(model, target, progress)
+        else:
+            artifact = compile_model(plan(model, target), output, progress, keep_ir=keep_ir)
+    typer.echo(str(artifact))
+
+
+@dataclass
+class Loaded:
+    session: ModelSession
+    tokenizer: Tokenizer
+    chat: ChatTemplate
+    model_id: str
+
+
+def load(model: Path | None, device: str, cpu_driver: str, context: int) -> Loaded:
+    path = model_path(model)
+    gguf = open_gguf(path)
+    tokenizer = Tokenizer.from_metadata(gguf.metadata)
+    session = open_session(path, resolve_device(device, cpu_driver), context)
+    return Loaded(session, tokenizer, ChatTemplate.from_metadata(gguf.metadata, tokenizer), path.stem)
+
+
+def run_server(loaded: Loaded, host: str, port: int, parallel: int, api_key: str | None) -> None:
+    engine = LocalEngine(loaded.session, loaded.tokenizer, loaded.chat, loaded.model_id)
+    config = ServerConfig(host=host, port=port, parallel=parallel, api_key=api_key or os.environ.get("ZINC_API_KEY"))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    err.print(
+        f"zinc: serving [bold]{loaded.model_id}[/] on {loaded.session.device_spec.name} at "
+        f"http://{host}:{port}/v1 (context {loaded.session.context_length})"
+    )
+    serve(engine, config)
+
+
+@app.command("serve")
+def serve_cmd(
+    model: ModelOpt = None,
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 8080,
+    host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
+    context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
+    parallel: Annotated[int, typer.Option("--parallel", help="Requests admitted at once")] = 4,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
+    ] = None,
+    device: DeviceOpt = "auto",
+    cpu_driver: CpuDriverOpt = "local-sync",
+) -> None:
+    """Serve the OpenAI API (chat, completions, models, health) for one model."""
+    run_server(load(model, device, cpu_driver, context), host, port, parallel, api_key)
+
+
+@app.command("tokenize")
+def tokenize_cmd(
+    text: Annotated[str, typer.Argument(help="Text to tokenize ('-' reads stdin)")],
+    model: ModelOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print ids with their pieces as JSON")] = False,
+    no_special: Annotated[bool, typer.Option("--no-special", help="Do not add BOS/EOS")] = False,
+) -> None:
+    """Print the token ids of TEXT as the model's tokenizer (read from the GGUF) splits it."""
+    tokenizer = Tokenizer.from_metadata(open_gguf(model_path(model)).metadata)
+    ids = tokenizer.encode(read_text(text), add_special=not no_special)
+    if as_json:
+        pieces = [tokenizer.piece(i, skip_special=False).decode("utf-8", errors="replace") for i in ids]
+        typer.echo(json.dumps([{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)], ensure_ascii=False))
+    else:
+        typer.echo(" ".join(str(i) for i in ids))
+
+
+def read_text(arg: str) -> str:
+    return sys.stdin.read() if arg == "-" else arg
+
+
+@app.callback(invoke_without_command=True)
+def main_cmd(
+    ctx: typer.Context,
+    model: ModelOpt = None,
+    prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text ('-' reads stdin)")] = None,
+    chat: Annotated[
+        bool | None, typer.Option("--chat/--raw", help="Apply the chat template (default: when the model has one)")
+    ] = None,
+    port: Annotated[int | None, typer.Option("--port", "-p", help="Serve the API on this port instead")] = None,
+    prompt_ids: Annotated[
+        str | None, typer.Option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3")
+    ] = None,
+    n_predict: Annotated[int, typer.Option("--n-predict", "-n", help="Tokens to generate")] = 64,
+    temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy")] = 0.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed")] = None,
+    device: DeviceOpt = "auto",
+    cpu_driver: CpuDriverOpt = "local-sync",
+    context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at end-of-generation tokens")] = False,
+) -> None:
+    """Prompt mode: generate from a prompt and print the completion as it is produced."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if port is not None:
+        run_server(load(model, device, cpu_driver, context), "127.0.0.1", port, 4, None)
+        return
+    if prompt is None and prompt_ids is None:
+        typer.echo(ctx.get_help())
+        return
+    sampling = SamplingParams(temperature=max(0.0, min(2.0, temperature)), seed=seed)
+    loaded = load(model, device, cpu_driver, context)
+    if prompt_ids is not None:
+        ids = parse_ids(prompt_ids)
+        for token in generate_ids(loaded.session, ids, n_predict, sampling):
+            sys.stdout.write(f"{token} ")
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        return
+    assert prompt is not None
+    text = read_text(prompt)
+    use_chat = chat if chat is not None else loaded.chat.kind == "gguf"
+    if use_chat:
+        ids = loaded.chat.encode(loaded.tokenizer, [{"role": "user", "content": text}])
+    else:
+        ids = loaded.tokenizer.encode(text)
+    stop = frozenset() if ignore_eos else loaded.tokenizer.eog_ids
+    decoder = IncrementalDecoder(loaded.tokenizer)
+    for token in generate_ids(loaded.session, ids, n_predict, sampling, stop):
+        if token in stop:
+            break
+        sys.stdout.write(decoder.add(token))
+        sys.stdout.flush()
+    sys.stdout.write(decoder.flush() + "\n")
+
+
+def parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        fail(f"--prompt-ids must be comma-separated integers, got {text!r}")
+    if not ids:
+        fail("--prompt-ids is empty")
+    return ids
+
+
+def main() -> None:
+    try:
+        app()
+    except ZincError as exc:
+        err.print(f"[bold red]zinc: error:[/] {exc.message}")
+        sys.exit(1)
+    except KeyboardInterrupt:
+        err.print("zinc: interrupted")
+        sys.exit(130)

@@ -1,0 +1,126 @@
+"""The serving engine: a loaded model behind the `Engine` protocol, one generation at a time.
+
+Owns: `LocalEngine` — tokenizer, chat template and model session for one model; admission (a
+bounded queue; past it `QueueFullError` at once); the generation loop run step by step on one
+worker thread, turning token ids into text deltas with stop sequences held back; and abort: when
+the consumer stops iterating, the loop ends at the next step boundary and the slot is freed.
+(Continuous batching replaces the single slot in a later issue.)
+Imports: zinc.engine (types, generate, stops), zinc.runtime (session, sampling), zinc.tokenizer,
+zinc.errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from zinc.engine.stops import StopMatcher
+from zinc.engine.types import EngineStats, FinishReason, GenerationRequest, TextDelta, Usage
+from zinc.errors import ContextLengthExceededError, QueueFullError
+from zinc.runtime.sampling import Sampler
+from zinc.runtime.session import ModelSession
+from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
+
+T = TypeVar("T")
+
+
+class LocalEngine:
+    def __init__(
+        self, session: ModelSession, tokenizer: Tokenizer, chat: ChatTemplate, model_id: str, max_queue: int = 16
+    ) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.chat = chat
+        self._model_id = model_id
+        self.max_queue = max_queue
+        self._lock = asyncio.Lock()
+        self._waiting = 0
+        self._active = 0
+        # every device call runs on this one thread, so a step still running after its request
+        # was cancelled finishes before the next request's first step starts
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zinc-engine")
+        self.started = time.monotonic()
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def context_length(self) -> int:
+        return self.session.context_length
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self._active, self._waiting, self.context_length)
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        return self.chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._worker, fn)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
+        n_prompt = len(request.prompt_ids)
+        if n_prompt == 0 or n_prompt >= self.context_length:
+            raise ContextLengthExceededError(n_prompt, self.context_length)
+        if self._waiting >= self.max_queue:
+            raise QueueFullError(f"the server is busy: {self._waiting} requests are waiting; retry later")
+        self._waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self._waiting -= 1
+        self._active += 1
+        try:
+            async for delta in self._generate_locked(request):
+                yield delta
+        finally:
+            self._active -= 1
+            self._lock.release()
+
+    async def _generate_locked(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
+        session, prompt = self.session, list(request.prompt_ids)
+        sampler = Sampler(request.sampling)
+        decoder = IncrementalDecoder(self.tokenizer)
+        stops = StopMatcher(request.stop)
+        eog = self.tokenizer.eog_ids if request.stop_on_eog else frozenset()
+        max_new = min(request.max_tokens, self.context_length - len(prompt))
+        history, generated = list(prompt), 0
+
+        def pick(step: Any) -> int:
+            return sampler.sample(step.logits(), history) if sampler.needs_logits else int(step.token)
+
+        step = await self._run(lambda: session.prefill(prompt))
+        finish: FinishReason = "length"
+        while generated < max_new:
+            token = await self._run(lambda s=step: pick(s))
+            generated += 1
+            history.append(token)
+            if token in eog:
+                finish = "stop"
+                break
+            text = stops.feed(decoder.add(token))
+            if stops.stopped:
+                finish = "stop"
+                if text:
+                    yield TextDelta(text, (token,))
+                break
+            if text:
+                yield TextDelta(text, (token,))
+            if generated < max_new:
+                pos = len(history) - 1
+                step = await self._run(lambda t=token, p=pos: session.decode(t, p))
+        tail = stops.feed(decoder.flush()) if not stops.stopped else ""
+        tail += stops.flush()
+        usage = Usage(len(prompt), generated)
+        yield TextDelta(tail, (), finish, usage)
