@@ -1,0 +1,232 @@
+"""The OpenAI endpoints over an `Engine`: chat and text completions (whole and streamed), models, health.
+
+Owns: turning validated parameters into a `GenerationRequest` (chat template, tokenization, model
+and context checks), admission (`parallel` running plus a bounded queue; past that, 429 at once),
+and running a generation. The engine's iterator is always closed (`aclose`), so a cancelled
+handler task (client gone, during prefill, mid-stream or while waiting for a whole response)
+reaches the engine's abort. The first event is awaited before any response head is sent, so
+errors the engine raises before yielding (context length, queue full) are ordinary JSON errors;
+once SSE headers are out, an error becomes a final `data: {"error": ...}` event.
+Imports: zinc.engine.types, zinc.errors, zinc.server.*, orjson, the stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+import orjson
+
+from zinc.engine.types import Engine, GenerationRequest, TextDelta, Usage
+from zinc.errors import (
+    ContextLengthExceededError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    QueueFullError,
+    ZincError,
+)
+from zinc.server.config import ServerConfig
+from zinc.server.error_table import describe
+from zinc.server.exchange import Exchange, HttpRequest
+from zinc.server.openai_request import CommonParams, decode_json, parse_chat, parse_completion
+from zinc.server.openai_response import (
+    SSE_DONE,
+    SSE_HEADERS,
+    ChatShape,
+    TextShape,
+    model_card,
+    sse_event,
+)
+
+log = logging.getLogger("zinc.server")
+
+Shape = ChatShape | TextShape
+
+
+class Admission:
+    """Counts requests generating and waiting; refuses at once past both bounds."""
+
+    def __init__(self, parallel: int, max_queued: int) -> None:
+        self._slots = asyncio.Semaphore(parallel)
+        self._max_queued = max_queued
+        self.running = 0
+        self.waiting = 0
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self._slots.locked() and self.waiting >= self._max_queued:
+            raise QueueFullError("The server is busy: too many requests are running and queued.")
+        self.waiting += 1
+        try:
+            await self._slots.acquire()
+        finally:
+            self.waiting -= 1
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
+            self._slots.release()
+
+
+@asynccontextmanager
+async def closing(events: AsyncIterator[TextDelta]) -> AsyncIterator[AsyncIterator[TextDelta]]:
+    """`contextlib.aclosing` for any async iterator: close it (which aborts the generation)."""
+    try:
+        yield events
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+class OpenAIApi:
+    """Endpoint handlers; each takes the request head and its exchange."""
+
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self._engine = engine
+        self._admission = Admission(config.parallel, config.max_queued_requests)
+        self._started = time.time()
+
+    @property
+    def admission(self) -> Admission:
+        return self._admission
+
+    async def chat_completions(self, request: HttpRequest, exchange: Exchange) -> None:
+        params = parse_chat(decode_json(await exchange.body()))
+        shape = ChatShape(self._model(params.common.model))
+        prompt = self._engine.apply_chat_template(
+            list(params.messages), add_generation_prompt=True, **params.template_kwargs
+        )
+        ids = self._engine.tokenize(prompt, add_special=True, parse_special=True)
+        await self._generate(exchange, shape, params.common, ids, "messages")
+
+    async def completions(self, request: HttpRequest, exchange: Exchange) -> None:
+        params = parse_completion(decode_json(await exchange.body()))
+        shape = TextShape(self._model(params.common.model))
+        prompt = params.prompt
+        ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        await self._generate(exchange, shape, params.common, ids, "prompt")
+
+    async def models(self, request: HttpRequest, exchange: Exchange) -> None:
+        context = self._engine.context_length
+        body = {
+            "object": "list",
+            "data": [model_card(self._engine.model_id, int(self._started), context)],
+            "active_context_capacity_tokens": context,
+        }
+        await exchange.respond_json(200, orjson.dumps(body))
+
+    async def health(self, request: HttpRequest, exchange: Exchange) -> None:
+        stats = self._engine.stats()
+        body = {
+            "status": "ok",
+            "model": self._engine.model_id or "none",
+            "active_requests": stats.active_requests,
+            "queued_requests": stats.queued_requests + self._admission.waiting,
+            "uptime_seconds": int(time.time() - self._started),
+            "context_length": stats.context_length,
+            "gpu_context_capacity_tokens": stats.context_length,
+        }
+        await exchange.respond_json(200, orjson.dumps(body))
+
+    # ---- generation
+
+    def _model(self, requested: str | None) -> str:
+        served = self._engine.model_id
+        if requested is not None and requested != served:
+            raise ModelNotFoundError(
+                f"The model '{requested}' does not exist; this server serves '{served}'."
+            )
+        return served
+
+    async def _generate(
+        self, exchange: Exchange, shape: Shape, common: CommonParams, prompt_ids: Sequence[int], param: str
+    ) -> None:
+        context = self._engine.context_length
+        if not prompt_ids:
+            raise InvalidRequestError("The prompt is empty.", param=param)
+        if len(prompt_ids) >= context:
+            error = ContextLengthExceededError(len(prompt_ids), context)
+            error.param = param
+            raise error
+        request = GenerationRequest(
+            request_id=shape.id,
+            prompt_ids=prompt_ids,
+            max_tokens=min(common.max_tokens, context - len(prompt_ids)),
+            sampling=common.sampling,
+            stop=common.stop,
+        )
+        async with self._admission.slot(), closing(self._engine.generate(request)) as events:
+            first = await anext(events, None)  # engine errors before the first token: plain JSON
+            if common.stream:
+                await self._stream(exchange, shape, common, request, events, first)
+            else:
+                await self._whole(exchange, shape, request, events, first)
+
+    async def _whole(
+        self,
+        exchange: Exchange,
+        shape: Shape,
+        request: GenerationRequest,
+        events: AsyncIterator[TextDelta],
+        event: TextDelta | None,
+    ) -> None:
+        texts: list[str] = []
+        generated = 0
+        while event is not None:
+            texts.append(event.text)
+            generated += len(event.token_ids)
+            if event.finish_reason is not None:
+                break
+            event = await anext(events, None)
+        finish, usage = _ending(event, request, generated)
+        exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
+        await exchange.respond_json(200, orjson.dumps(shape.whole("".join(texts), finish, usage)))
+
+    async def _stream(
+        self,
+        exchange: Exchange,
+        shape: Shape,
+        common: CommonParams,
+        request: GenerationRequest,
+        events: AsyncIterator[TextDelta],
+        event: TextDelta | None,
+    ) -> None:
+        await exchange.start_stream(200, SSE_HEADERS)
+        try:
+            first = shape.first_chunk()
+            if first is not None:
+                await exchange.send(sse_event(first))
+            generated = 0
+            while event is not None:
+                generated += len(event.token_ids)
+                if event.text:
+                    await exchange.send(sse_event(shape.delta_chunk(event.text)))
+                if event.finish_reason is not None:
+                    break
+                event = await anext(events, None)
+            finish, usage = _ending(event, request, generated)
+            exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
+            await exchange.send(sse_event(shape.final_chunk(finish)))
+            if common.include_usage:
+                await exchange.send(sse_event(shape.usage_chunk(usage)))
+            await exchange.send(SSE_DONE)
+        except Exception as exc:  # headers are out: report the failure inside the stream
+            if not isinstance(exc, ZincError):
+                log.error("generation failed mid-stream (request %s)", request.request_id, exc_info=exc)
+            await exchange.send(sse_event(describe(exc)[1]))
+        await exchange.end()
+
+
+def _ending(last: TextDelta | None, request: GenerationRequest, generated: int) -> tuple[str, Usage]:
+    """Finish reason and usage from the last event (computed if the engine left them out)."""
+    usage = last.usage if last is not None else None
+    if usage is None:
+        usage = Usage(len(request.prompt_ids), generated)
+    if last is not None and last.finish_reason is not None:
+        return last.finish_reason, usage
+    return ("length" if usage.completion_tokens >= request.max_tokens else "stop"), usage

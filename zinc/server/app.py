@@ -1,0 +1,116 @@
+"""Running the server: listen, hand each connection to an `HttpProtocol`, and shut down gracefully.
+
+Owns: `start_server()` (listen on host:port, port 0 picks a free one) returning a `Server` handle
+whose `close()` stops accepting, closes idle connections, lets responses in progress finish within
+`graceful_shutdown_timeout_s`, then cancels them (which aborts their generations); and `serve()`,
+which runs all that under uvloop until SIGINT or SIGTERM.
+Imports: zinc.engine.types, zinc.server.{config, api, routes, http11}, uvloop, the stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from types import TracebackType
+
+import uvloop
+
+from zinc.engine.types import Engine
+from zinc.server.api import OpenAIApi
+from zinc.server.config import ServerConfig
+from zinc.server.http11 import HttpProtocol
+from zinc.server.routes import COMMON_HEADERS, Router
+
+log = logging.getLogger("zinc.server")
+
+_SHUTDOWN_POLL_S = 0.01
+_CANCEL_GRACE_S = 1.0  # time given to cancelled handlers to run their cleanup
+
+
+class Server:
+    """A listening server; `await close()` shuts it down gracefully."""
+
+    def __init__(self, server: asyncio.Server, connections: set[HttpProtocol], config: ServerConfig) -> None:
+        self._server = server
+        self._connections = connections
+        self._config = config
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    @property
+    def host(self) -> str:
+        return self._config.host
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._connections)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._server.close()  # stop accepting
+        for connection in list(self._connections):
+            connection.shutdown()  # idle ones close now, busy ones after their response
+        deadline = time.monotonic() + self._config.graceful_shutdown_timeout_s
+        while self._connections and time.monotonic() < deadline:
+            await asyncio.sleep(_SHUTDOWN_POLL_S)
+        tasks = [c.task for c in self._connections if c.task is not None]
+        if tasks:
+            log.warning("cancelling %d request(s) still running after the shutdown timeout", len(tasks))
+        for connection in list(self._connections):
+            connection.abort()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_CANCEL_GRACE_S)
+        await self._server.wait_closed()
+
+    async def __aenter__(self) -> Server:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+async def start_server(engine: Engine, config: ServerConfig) -> Server:
+    """Listen on `config.host:config.port` and serve the OpenAI API over `engine`."""
+    loop = asyncio.get_running_loop()
+    connections: set[HttpProtocol] = set()
+    router = Router(OpenAIApi(engine, config), config.api_key)
+    server = await loop.create_server(
+        lambda: HttpProtocol(router, config, COMMON_HEADERS, connections),
+        config.host,
+        config.port,
+        reuse_address=True,
+    )
+    return Server(server, connections, config)
+
+
+def serve(engine: Engine, config: ServerConfig) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
+    uvloop.run(_serve_until_signalled(engine, config))
+
+
+async def _serve_until_signalled(engine: Engine, config: ServerConfig) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with await start_server(engine, config) as server:
+            log.info("serving %s on http://%s:%d", engine.model_id, config.host, server.port)
+            await stop.wait()
+            log.info("shutting down")
+    finally:
+        for sig in signals:
+            with contextlib.suppress(ValueError, RuntimeError):
+                loop.remove_signal_handler(sig)
