@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
 from zinc.compiler import llama
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
-
-from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import describe

@@ -17,8 +17,7 @@ Imports: zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
 from __future__ import annotations
 
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.kernels import quant_type
-
+from zinc.compiler.kernels import QuantType, quant_type
 from zinc.model.hparams import ModelDescription
 
 ENTRY_POINTS = ("prefill", "decode", "kv_write")
@@ -77,7 +76,10 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
     )  # fmt: skip
     b = Body(mod, dynamic)
     ct, t = cache_type(desc), b.t
-    q_of = lambda n: quant_type(desc.tensor_types[n], n)  # noqa: E731
+
+    def q_of(name: str) -> QuantType:
+        return quant_type(desc.tensor_types[name], name)
+
     b.emit("%c0 = arith.constant 0 : index")
     b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{t}xi32>")
     tv = "%T" if dynamic else "1"
@@ -89,7 +91,10 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
     b.emit(f"{new_rows} = tensor.empty({'%T' if dynamic else ''}) : {nt}")
     for il in range(hp.block_count):
         p = f"blk.{il}."
-        mm = lambda w, n, k, inp, p=p: b.matmul(q_of(p + w), _weight(mod, b, desc, p + w, n, k), n, k, inp, w)  # noqa: E731
+
+        def mm(w: str, n: int, k: int, inp: str, p: str = p) -> str:
+            return b.matmul(q_of(p + w), _weight(mod, b, desc, p + w, n, k), n, k, inp, w)
+
         cur = b.rmsnorm(
             x, _norm_weight(mod, b, p + "attn_norm.weight", d), d, hp.layer_norm_rms_epsilon, "attn_norm"
         )

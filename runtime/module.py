@@ -14,9 +14,9 @@ from typing import Any
 
 import iree.runtime as rt
 import numpy as np
-from zinc.runtime.device import open_device
 
 from zinc.errors import ArtifactError
+from zinc.runtime.device import open_device
 
 PARAMETER_SCOPE = "model"
 

@@ -68,11 +68,11 @@ class Sampler:
         p = self.p
         if p.temperature <= 0:
             return int(np.argmax(x))
-        x = x.astype(np.float64) / p.temperature
-        order = np.argsort(-x, kind="stable")
+        scaled = x.astype(np.float64) / p.temperature
+        order = np.argsort(-scaled, kind="stable")
         if p.top_k > 0:
             order = order[: p.top_k]
-        z = x[order]
+        z = scaled[order]
         probs = np.exp(z - z[0])
         probs /= probs.sum()
         keep = probs.size

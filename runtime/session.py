@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from zinc.runtime.device import DeviceSpec, to_host
-from zinc.runtime.module import LoadedModule
 
 from zinc.artifact import Manifest, load_manifest
 from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidRequestError
 from zinc.model.gguf_file import open_gguf
+from zinc.runtime.device import DeviceSpec, to_host
+from zinc.runtime.module import LoadedModule
 
 DEFAULT_CONTEXT = 2048
 PREFILL_CHUNK = 256  # tokens per prefill call; bounds the attention scores' memory
@@ -39,7 +39,7 @@ class StepResult:
         return int(to_host(self._token, self._session.device)[0])
 
     def logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
-        return to_host(self._logits, self._session.device)[0]
+        return np.asarray(to_host(self._logits, self._session.device)[0], dtype=np.float32)
 
 
 class ModelSession:

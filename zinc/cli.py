@@ -18,6 +18,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from zinc.compiler.build import compile_model, ensure_artifact, plan
 from zinc.compiler.targets import TARGETS
@@ -48,7 +49,7 @@ CpuDriverOpt = Annotated[str, typer.Option("--cpu-driver", help="IREE CPU driver
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
-    err.print(f"[bold red]zinc: error:[/] {message}")
+    err.print(f"[bold red]zinc: error:[/] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -177,9 +178,9 @@ def main_cmd(
         typer.echo(ctx.get_help())
         return
     sampling = SamplingParams(temperature=max(0.0, min(2.0, temperature)), seed=seed)
+    ids = parse_ids(prompt_ids) if prompt_ids is not None else []
     loaded = load(model, device, cpu_driver, context)
     if prompt_ids is not None:
-        ids = parse_ids(prompt_ids)
         for token in generate_ids(loaded.session, ids, n_predict, sampling):
             sys.stdout.write(f"{token} ")
             sys.stdout.flush()
@@ -216,7 +217,7 @@ def main() -> None:
     try:
         app()
     except ZincError as exc:
-        err.print(f"[bold red]zinc: error:[/] {exc.message}")
+        err.print(f"[bold red]zinc: error:[/] {escape(exc.message)}", soft_wrap=True)
         sys.exit(1)
     except KeyboardInterrupt:
         err.print("zinc: interrupted")

@@ -37,7 +37,7 @@ def test_truncated(tmp_path: Path, tiny_models: dict[str, Path], keep: float) ->
     src = tiny_models["tiny-q8-q41"].read_bytes()
     p = tmp_path / "cut.gguf"
     p.write_bytes(src[: max(8, int(len(src) * keep))])
-    with pytest.raises(GGUFError, match="truncated|damaged"):
+    with pytest.raises(GGUFError, match=r"truncated|damaged"):
         open_gguf(p)
 
 

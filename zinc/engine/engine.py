@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 from zinc.engine.stops import StopMatcher
@@ -100,10 +101,10 @@ class LocalEngine:
         def pick(step: Any) -> int:
             return sampler.sample(step.logits(), history) if sampler.needs_logits else int(step.token)
 
-        step = await self._run(lambda: session.prefill(prompt))
+        step: Any = await self._run(partial(session.prefill, prompt))
         finish: FinishReason = "length"
         while generated < max_new:
-            token = await self._run(lambda s=step: pick(s))
+            token = await self._run(partial(pick, step))
             generated += 1
             history.append(token)
             if token in eog:
@@ -119,7 +120,7 @@ class LocalEngine:
                 yield TextDelta(text, (token,))
             if generated < max_new:
                 pos = len(history) - 1
-                step = await self._run(lambda t=token, p=pos: session.decode(t, p))
+                step = await self._run(partial(session.decode, token, pos))
         tail = stops.feed(decoder.flush()) if not stops.stopped else ""
         tail += stops.flush()
         usage = Usage(len(prompt), generated)
