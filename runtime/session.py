@@ -23,7 +23,10 @@ from zinc.runtime.device import DeviceSpec, to_host
 from zinc.runtime.module import LoadedModule
 
 DEFAULT_CONTEXT = 2048
-PREFILL_CHUNK = 256  # tokens per prefill call; bounds the attention scores' memory
+# Tokens per prefill call, per target. It bounds the attention scores' memory; on Vulkan it is 8
+# because IREE 3.13's SPIR-V code for the attention softmax over a dynamic token count above 8
+# computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model covers it).
+PREFILL_CHUNK = {"cpu": 256, "vulkan": 8}
 
 
 @dataclass
@@ -84,8 +87,9 @@ class ModelSession:
         """Run the prompt `ids` at positions start.. and return the last position's step."""
         arr = self._check(ids, start)
         result = None
-        for off in range(0, arr.size, PREFILL_CHUNK):
-            chunk = arr[off : off + PREFILL_CHUNK]
+        size = PREFILL_CHUNK[self.manifest.target]
+        for off in range(0, arr.size, size):
+            chunk = arr[off : off + size]
             rows, logits, token = self._prefill(self.cache, self.module.to_device(chunk), start + off)
             self._kv_write(self.cache, rows, start + off)
             result = StepResult(self, token, logits)

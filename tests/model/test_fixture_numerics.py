@@ -44,3 +44,7 @@ def test_compiled_matches_reference(
     more = [1, 2, 3, 250]
     step = session.prefill(more, start=pos)
     assert rel_err(step.logits(), ref.forward(more)[-1]) < TOL, "prefill continuing after cached rows"
+    pos += len(more)
+    long = [(i * 37) % 300 for i in range(21)]  # more than one prefill chunk on Vulkan
+    step = session.prefill(long, start=pos)
+    assert rel_err(step.logits(), ref.forward(long)[-1]) < TOL, "a prompt longer than a prefill chunk"
