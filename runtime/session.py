@@ -53,6 +53,7 @@ class ModelSession:
             raise ArtifactError(
                 f"{artifact_dir} was compiled for {self.manifest.target}, not for the {device.target} device"
             )
+        self.weights_bytes = sum(t.n_bytes for t in gguf.tensors.values())
         hp = self.manifest.hparams
         self.hparams = hp
         self.device_spec = device

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import GOLDEN, ROOT
 from zinc.model.gguf_file import open_gguf
 
 
@@ -87,3 +87,22 @@ def test_missing_vulkan_driver_is_one_line(tiny_models: dict[str, Path]) -> None
     env = {"VK_ICD_FILENAMES": "/nonexistent.json", "VK_DRIVER_FILES": "/nonexistent.json"}
     proc = zinc("-m", str(tiny_models["tiny-q8-q41"]), "--prompt-ids", "1", "--device", "vulkan", env=env)
     assert_one_line_error(proc, "no Vulkan device")
+
+
+@pytest.mark.e2e
+@pytest.mark.golden
+@pytest.mark.parametrize(
+    ("device", "n"),
+    [pytest.param("cpu", 32, id="cpu"), pytest.param("vulkan", 6, id="vulkan", marks=pytest.mark.vulkan)],
+)
+def test_prompt_mode_prints_llama_cpp_text(device: str, n: int, smollm2: Path) -> None:
+    """`zinc --prompt ... --raw` prints llama.cpp's greedy text, up to its first near-tie (token 5,
+    margin 0.33, where zinc's exact arithmetic picks llama.cpp's runner-up); lavapipe is slow, so
+    the Vulkan run prints fewer tokens."""
+    data = json.loads((GOLDEN / "smollm2.json").read_text())
+    prompt = data["prompts"][0]
+    proc = zinc("--prompt", prompt["text"], "-n", str(n), "--raw", "--device", device, "--ignore-eos")
+    assert proc.returncode == 0, proc.stderr
+    agreed = "".join(prompt["generated_pieces"][:5])  # " Paris.\n\nThe"
+    assert proc.stdout.startswith(agreed)
+    assert proc.stdout.rstrip("\n") != agreed  # and it went on generating

@@ -107,3 +107,17 @@ def test_disconnect_stops_generation(srv: RunningServer, engine: LocalEngine, cl
     out = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=1)
     assert out.choices[0].text == " Paris"
     assert time.monotonic() - start < 15  # far less than the 400 tokens the gone client asked for
+
+
+def test_health_reports_model_and_memory(srv: RunningServer, engine: LocalEngine) -> None:
+    sock = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    raw = b""
+    while chunk := sock.recv(65536):
+        raw += chunk
+    health = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    assert health["status"] == "ok" and health["model"] == "smollm2"
+    assert health["active_requests"] == 0 and health["gpu_context_tokens"] == 0
+    assert health["gpu_memory_weights_bytes"] > 90_000_000  # SmolLM2 Q4_1's tensors
+    assert health["gpu_context_reserved_bytes"] == engine.session.kv_cache_bytes() > 0
+    assert health["gpu_context_capacity_tokens"] == engine.context_length

@@ -40,6 +40,7 @@ class LocalEngine:
         self._lock = asyncio.Lock()
         self._waiting = 0
         self._active = 0
+        self._positions = 0  # KV positions held by the running request
         # every device call runs on this one thread, so a step still running after its request
         # was cancelled finishes before the next request's first step starts
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zinc-engine")
@@ -54,7 +55,11 @@ class LocalEngine:
         return self.session.context_length
 
     def stats(self) -> EngineStats:
-        return EngineStats(self._active, self._waiting, self.context_length)
+        s = self.session
+        return EngineStats(
+            self._active, self._waiting, self.context_length, device=s.device_spec.name,
+            weights_bytes=s.weights_bytes, context_reserved_bytes=s.kv_cache_bytes(), context_tokens=self._positions,
+        )  # fmt: skip
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
@@ -87,6 +92,7 @@ class LocalEngine:
                 yield delta
         finally:
             self._active -= 1
+            self._positions = 0
             self._lock.release()
 
     async def _generate_locked(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
@@ -101,12 +107,14 @@ class LocalEngine:
         def pick(step: Any) -> int:
             return sampler.sample(step.logits(), history) if sampler.needs_logits else int(step.token)
 
+        self._positions = len(prompt)
         step: Any = await self._run(partial(session.prefill, prompt))
         finish: FinishReason = "length"
         while generated < max_new:
             token = await self._run(partial(pick, step))
             generated += 1
             history.append(token)
+            self._positions = len(history)
             if token in eog:
                 finish = "stop"
                 break

@@ -59,6 +59,10 @@ class EngineStats:
     active_requests: int
     queued_requests: int
     context_length: int
+    device: str = ""  # where the model runs, e.g. "CPU (local-sync)"
+    weights_bytes: int = 0  # model tensor bytes bound from the GGUF
+    context_reserved_bytes: int = 0  # the KV cache slab allocated on the device
+    context_tokens: int = 0  # positions in use by running requests
 
 
 class Engine(Protocol):

@@ -129,6 +129,12 @@ class OpenAIApi:
             "queued_requests": stats.queued_requests + self._admission.waiting,
             "uptime_seconds": int(time.time() - self._started),
             "context_length": stats.context_length,
+            "device": stats.device,
+            "gpu_memory_used_bytes": stats.weights_bytes + stats.context_reserved_bytes,
+            "gpu_memory_weights_bytes": stats.weights_bytes,
+            "gpu_context_reserved_bytes": stats.context_reserved_bytes,
+            "gpu_context_active_bytes": stats.context_reserved_bytes * stats.context_tokens // max(1, stats.context_length),
+            "gpu_context_tokens": stats.context_tokens,
             "gpu_context_capacity_tokens": stats.context_length,
         }
         await exchange.respond_json(200, orjson.dumps(body))

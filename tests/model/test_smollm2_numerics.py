@@ -1,0 +1,32 @@
+"""Tier 3 on the real model: compiled SmolLM2 against the float64 numpy reference (CPU)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SessionFactory
+from zinc.model.gguf_file import open_gguf
+from zinc.model.reference import ReferenceModel
+
+pytestmark = pytest.mark.slow
+TOL = 1e-4  # max |logit error| / max |logit|: f32 kernels over 30 layers vs float64
+
+
+def test_smollm2_matches_reference(smollm2: Path, open_session: SessionFactory) -> None:
+    session = open_session(smollm2, "cpu")
+    ref = ReferenceModel(open_gguf(smollm2))
+    prompt = [504, 3575, 282, 4649, 314]  # "The capital of France is"
+    step = session.prefill(prompt)
+    expect = ref.forward(prompt)[-1]
+    logits = step.logits()
+    assert np.abs(logits - expect).max() / np.abs(expect).max() < TOL
+    assert step.token == int(np.argmax(expect)) == 7042  # " Paris"
+    pos = len(prompt)
+    for token in (7042, 30):
+        step = session.decode(token, pos)
+        pos += 1
+        expect = ref.forward([token])[-1]
+        assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < TOL
