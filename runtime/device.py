@@ -82,8 +82,8 @@ def to_host(array: Any, device: Any) -> np.ndarray[Any, Any]:
     host-local and device-visible, because iree.runtime's own `to_host` imports an unaligned host
     pointer that lavapipe rejects.
     """
-    if array._is_mappable():
-        return np.asarray(array.to_host())
+    if array._is_mappable():  # a view of the device buffer: copy it, the buffer is reused or freed
+        return np.array(array.to_host(), copy=True)
     view = array._buffer_view
     src = view.get_buffer()
     staging = device.allocator.allocate_buffer(

@@ -25,7 +25,7 @@ from zinc.compiler.targets import TARGETS
 from zinc.engine.engine import LocalEngine
 from zinc.engine.generate import generate_ids
 from zinc.errors import ZincError
-from zinc.model.gguf_file import default_model_path, open_gguf
+from zinc.model.gguf_file import open_gguf, resolve_model
 from zinc.runtime.device import DEVICE_CHOICES, DeviceSpec, resolve_device
 from zinc.runtime.sampling import SamplingParams
 from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession
@@ -42,7 +42,10 @@ app = typer.Typer(
 )
 
 ModelOpt = Annotated[
-    Path | None, typer.Option("--model", "-m", help="GGUF model file (default: the bundled SmolLM2-135M-Instruct)")
+    str | None,
+    typer.Option(
+        "--model", "-m", help="GGUF file, or a bundled model: smollm2 (the default), gemma3-270m"
+    ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"Where to run: {'|'.join(DEVICE_CHOICES)}")]
 CpuDriverOpt = Annotated[str, typer.Option("--cpu-driver", help="IREE CPU driver: local-sync|local-task")]
@@ -53,8 +56,8 @@ def fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def model_path(model: Path | None) -> Path:
-    return model if model is not None else default_model_path()
+def model_path(model: str | None) -> Path:
+    return resolve_model(model)
 
 
 def progress(message: str) -> None:
@@ -69,17 +72,18 @@ def open_session(model: Path, device: DeviceSpec, context: int) -> ModelSession:
 
 @app.command("compile")
 def compile_cmd(
-    model: Annotated[Path, typer.Argument(help="GGUF model file")],
+    model: Annotated[str, typer.Argument(help="GGUF model file, or a bundled model name (smollm2, gemma3-270m)")],
     target: Annotated[str, typer.Option("--target", "-t", help=f"Compile target: {'|'.join(TARGETS)}")] = "cpu",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Artifact directory (default: the cache)")] = None,
     keep_ir: Annotated[bool, typer.Option("--keep-ir", help="Also write the generated MLIR")] = False,
 ) -> None:
     """Compile MODEL.gguf into an artifact directory (vmfb + manifest.json)."""
-    with err.status(f"compiling {model.name} for {target}..."):
+    path = model_path(model)
+    with err.status(f"compiling {path.name} for {target}..."):
         if output is None:
-            artifact = ensure_artifact(model, target, progress)
+            artifact = ensure_artifact(path, target, progress)
         else:
-            artifact = compile_model(plan(model, target), output, progress, keep_ir=keep_ir)
+            artifact = compile_model(plan(path, target), output, progress, keep_ir=keep_ir)
     typer.echo(str(artifact))
 
 
@@ -91,7 +95,7 @@ class Loaded:
     model_id: str
 
 
-def load(model: Path | None, device: str, cpu_driver: str, context: int) -> Loaded:
+def load(model: str | None, device: str, cpu_driver: str, context: int) -> Loaded:
     path = model_path(model)
     gguf = open_gguf(path)
     tokenizer = Tokenizer.from_metadata(gguf.metadata)

