@@ -45,7 +45,7 @@ def is_real_gpu(name: str) -> bool:
     return not any(s in low for s in _SOFTWARE_GPUS)
 
 
-def resolve_device(choice: str, cpu_driver: str = "local-sync") -> DeviceSpec:
+def resolve_device(choice: str, cpu_driver: str = "local-task") -> DeviceSpec:
     """Turn a user's `--device` into a concrete device, or a clear `DeviceError`."""
     if choice not in DEVICE_CHOICES:
         raise ZincError(f"unknown device {choice!r}: choose one of {', '.join(DEVICE_CHOICES)}")

@@ -48,7 +48,7 @@ ModelOpt = Annotated[
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"Where to run: {'|'.join(DEVICE_CHOICES)}")]
-CpuDriverOpt = Annotated[str, typer.Option("--cpu-driver", help="IREE CPU driver: local-sync|local-task")]
+CpuDriverOpt = Annotated[str, typer.Option("--cpu-driver", help="IREE CPU driver: local-task|local-sync")]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -125,7 +125,7 @@ def serve_cmd(
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
     device: DeviceOpt = "auto",
-    cpu_driver: CpuDriverOpt = "local-sync",
+    cpu_driver: CpuDriverOpt = "local-task",
 ) -> None:
     """Serve the OpenAI API (chat, completions, models, health) for one model."""
     run_server(load(model, device, cpu_driver, context), host, port, parallel, api_key)
@@ -168,7 +168,7 @@ def main_cmd(
     temperature: Annotated[float, typer.Option("--temperature", help="0 = greedy")] = 0.0,
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed")] = None,
     device: DeviceOpt = "auto",
-    cpu_driver: CpuDriverOpt = "local-sync",
+    cpu_driver: CpuDriverOpt = "local-task",
     context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at end-of-generation tokens")] = False,
 ) -> None:

