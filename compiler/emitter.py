@@ -9,8 +9,6 @@ Imports: zinc.compiler.kernels, zinc.mlir templates.
 from __future__ import annotations
 
 import itertools
-from importlib import resources
-from string import Template
 
 from zinc.compiler.kernels import (
     QuantType,
@@ -19,11 +17,8 @@ from zinc.compiler.kernels import (
     render_gather,
     render_matmul,
     t_dims,
+    template,
 )
-
-
-def template(name: str) -> Template:
-    return Template(resources.files("zinc.mlir").joinpath(name).read_text())
 
 
 def f32_const(x: float) -> str:

@@ -91,7 +91,8 @@ def _f16_bits_to_f32(bits: str, out: str, indent: str) -> str:
     return "\n".join(indent + ln for ln in lines)
 
 
-def _template(name: str) -> Template:
+def template(name: str) -> Template:
+    """An MLIR template from the `mlir/` folder (shipped as package data)."""
     return Template(resources.files("zinc.mlir").joinpath(name).read_text())
 
 
@@ -117,7 +118,7 @@ def render_matmul(q: QuantType, n: int, k: int, dynamic: bool) -> str:
         "F16_M": f16_to_f32("%mlo", "%mhi", "%m"),
         **t_dims(dynamic),
     }
-    return _template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
+    return template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
 
 
 def gather_name(q: QuantType, rows: int, cols: int, dynamic: bool) -> str:

@@ -61,16 +61,15 @@ def test_unknown_architecture(tmp_path: Path) -> None:
         describe(open_gguf(_write(tmp_path / "m.gguf", "mamba")))
 
 
-def test_unsupported_quant_type(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+def test_unsupported_quant_type(tmp_path: Path) -> None:
+    from fixtures.make_fixtures import TinyLlama, write_fixture
     from zinc.compiler.build import plan
 
-    src = open_gguf(tiny_models["tiny-f32-q8"])
-    desc = describe(src)
-    assert set(desc.tensor_types.values()) <= {"F32", "Q8_0"}
-    bad = tmp_path / "q5.gguf"
-    _write(bad, "llama", GGMLQuantizationType.Q5_0)
-    with pytest.raises((UnsupportedModelError, GGUFError)):
-        plan(bad, "cpu")
+    spec = TinyLlama("tiny-q5", {"embd": "Q8_0", "attn": "Q5_0", "ffn": "Q8_0", "output": "Q8_0"})
+    path = write_fixture(spec, tmp_path / "q5.gguf")
+    assert describe(open_gguf(path)).tensor_types["blk.0.attn_q.weight"] == "Q5_0"  # a valid model...
+    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight has quant type Q5_0"):
+        plan(path, "cpu")  # ...that zinc cannot compile yet
 
 
 def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
