@@ -61,7 +61,7 @@ def model_path(model: str | None) -> Path:
 
 
 def progress(message: str) -> None:
-    err.print(f"[dim]zinc:[/] {message}")
+    err.print(f"[dim]zinc:[/] {escape(message)}", soft_wrap=True)
 
 
 def open_session(model: Path, device: DeviceSpec, context: int) -> ModelSession:
@@ -106,10 +106,11 @@ def load(model: str | None, device: str, cpu_driver: str, context: int) -> Loade
 def run_server(loaded: Loaded, host: str, port: int, parallel: int, api_key: str | None) -> None:
     engine = LocalEngine(loaded.session, loaded.tokenizer, loaded.chat, loaded.model_id)
     config = ServerConfig(host=host, port=port, parallel=parallel, api_key=api_key or os.environ.get("ZINC_API_KEY"))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
     err.print(
         f"zinc: serving [bold]{loaded.model_id}[/] on {loaded.session.device_spec.name} at "
-        f"http://{host}:{port}/v1 (context {loaded.session.context_length})"
+        f"http://{host}:{port}/v1 (context {loaded.session.context_length})",
+        soft_wrap=True,
     )
     serve(engine, config)
 

