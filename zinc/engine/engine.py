@@ -5,7 +5,7 @@ bounded queue; past it `QueueFullError` at once); the generation loop run step b
 worker thread, turning token ids into text deltas with stop sequences held back; and abort: when
 the consumer stops iterating, the loop ends at the next step boundary and the slot is freed.
 (Continuous batching replaces the single slot in a later issue.)
-Imports: zinc.engine (types, generate, stops), zinc.runtime (session, sampling), zinc.tokenizer,
+Imports: zinc.engine (types, generate, stops), zinc.runtime.session, zinc.tokenizer,
 zinc.errors.
 """
 
@@ -18,10 +18,10 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
+from zinc.engine.generate import generate_ids
 from zinc.engine.stops import StopMatcher
 from zinc.engine.types import EngineStats, FinishReason, GenerationRequest, TextDelta, Usage
 from zinc.errors import ContextLengthExceededError, QueueFullError
-from zinc.runtime.sampling import Sampler
 from zinc.runtime.session import ModelSession
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
 
@@ -96,40 +96,28 @@ class LocalEngine:
             self._lock.release()
 
     async def _generate_locked(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
-        session, prompt = self.session, list(request.prompt_ids)
-        sampler = Sampler(request.sampling)
+        prompt = list(request.prompt_ids)
         decoder = IncrementalDecoder(self.tokenizer)
         stops = StopMatcher(request.stop)
         eog = self.tokenizer.eog_ids if request.stop_on_eog else frozenset()
-        max_new = min(request.max_tokens, self.context_length - len(prompt))
-        history, generated = list(prompt), 0
-
-        def pick(step: Any) -> int:
-            return sampler.sample(step.logits(), history) if sampler.needs_logits else int(step.token)
-
-        self._positions = len(prompt)
-        step: Any = await self._run(partial(session.prefill, prompt))
+        # the token loop itself (prefill, sampling, decode, context limit) is generate_ids; each
+        # `next` runs one step on the worker thread, and leaving this loop abandons the rest
+        tokens = generate_ids(self.session, prompt, request.max_tokens, request.sampling, eog)
+        generated = 0
         finish: FinishReason = "length"
-        while generated < max_new:
-            token = await self._run(partial(pick, step))
+        self._positions = len(prompt)
+        while (token := await self._run(partial(next, tokens, None))) is not None:
             generated += 1
-            history.append(token)
-            self._positions = len(history)
+            self._positions += 1
             if token in eog:
                 finish = "stop"
                 break
             text = stops.feed(decoder.add(token))
-            if stops.stopped:
-                finish = "stop"
-                if text:
-                    yield TextDelta(text, (token,))
-                break
             if text:
                 yield TextDelta(text, (token,))
-            if generated < max_new:
-                pos = len(history) - 1
-                step = await self._run(partial(session.decode, token, pos))
+            if stops.stopped:
+                finish = "stop"
+                break
         tail = stops.feed(decoder.flush()) if not stops.stopped else ""
         tail += stops.flush()
-        usage = Usage(len(prompt), generated)
-        yield TextDelta(tail, (), finish, usage)
+        yield TextDelta(tail, (), finish, Usage(len(prompt), generated))

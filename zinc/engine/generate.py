@@ -42,13 +42,15 @@ def generate_ids(
         raise ContextLengthExceededError(len(prompt_ids), session.context_length)
     sampler = Sampler(sampling or SamplingParams())
     history = list(prompt_ids)
+    if max_tokens <= 0:
+        return
     step = session.prefill(prompt_ids)
-    pos = len(prompt_ids)
-    for _ in range(max_tokens):
+    pos = len(prompt_ids)  # where the next token's K/V rows go
+    while True:
         token = sampler.sample(step.logits(), history) if sampler.needs_logits else step.token  # type: ignore[arg-type]
         yield token
         history.append(token)
-        if token in stop_ids or pos >= session.context_length:
-            return
+        if len(history) - len(prompt_ids) >= max_tokens or token in stop_ids or pos >= session.context_length:
+            return  # no step is run for a token that will not be continued
         step = session.decode(token, pos)
         pos += 1
