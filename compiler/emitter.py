@@ -96,9 +96,16 @@ class Body:
 
     # --- ops -------------------------------------------------------------------------------------
 
-    def matmul(self, q: QuantType, w: str, n: int, k: int, x: str, hint: str) -> str:
+    def linear(self, tensor: str, q: QuantType, n: int, k: int, x: str, hint: str) -> str:
+        """`y[T, n] = x[T, k] @ W[n, k]^T` for the GGUF weight `tensor` of quant type `q`.
+
+        Every weight matmul of every architecture goes through here: it binds the weight's
+        parameter(s) and picks the kernel for the module's target.
+        """
+        ty = q.param_type(n, k)
+        w = self.load(self.mod.param(tensor, ty), ty)
         name = self.mod.helper(matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic))
-        return self.call(name, [(w, q.param_type(n, k)), (x, self.act(k))], self.act(n), hint)
+        return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
 
     def gather(self, q: QuantType, w: str, rows: int, cols: int, ids: str) -> str:
         name = self.mod.helper(

@@ -93,7 +93,7 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
         p = f"blk.{il}."
 
         def mm(w: str, n: int, k: int, inp: str, p: str = p) -> str:
-            return b.matmul(q_of(p + w), _weight(mod, b, desc, p + w, n, k), n, k, inp, w)
+            return b.linear(p + w, q_of(p + w), n, k, inp, w)
 
         cur = b.rmsnorm(
             x, _norm_weight(mod, b, p + "attn_norm.weight", d), d, hp.layer_norm_rms_epsilon, "attn_norm"
@@ -150,7 +150,7 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
         x, _norm_weight(mod, one, "output_norm.weight", d), d, hp.layer_norm_rms_epsilon, "result_norm"
     )
     out_name = "token_embd.weight" if hp.tied_output else "output.weight"
-    logits = one.matmul(q_of(out_name), _weight(mod, one, desc, out_name, nv, d), nv, d, x, "result_output")
+    logits = one.linear(out_name, q_of(out_name), nv, d, x, "result_output")
     token = one.argmax(logits, nv)
     b.emit(f"return {new_rows}, {logits}, {token} : {nt}, tensor<1x{nv}xf32>, tensor<1xi32>")
     sig = (
