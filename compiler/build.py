@@ -17,13 +17,16 @@ from importlib import metadata
 from pathlib import Path
 
 from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
-from zinc.compiler import llama
+from zinc.compiler import llama, tiled
+from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import describe
+from zinc.runtime.archive import read_tensor_bytes, write_parameter_archive
 
 Progress = Callable[[str], None]
+REPACKED_ARCHIVE = "weights.irpa"
 
 
 def zinc_version() -> str:
@@ -45,6 +48,7 @@ class Plan:
     target: str
     mlir: str
     flags: tuple[str, ...]
+    repacked: dict[str, tuple[QuantType, int, int]]  # GGUF tensor -> (type, n, k), into the .irpa
 
     @property
     def key(self) -> str:
@@ -60,8 +64,21 @@ class Plan:
 def plan(gguf_path: str | os.PathLike[str], target: str) -> Plan:
     gguf = open_gguf(gguf_path)
     desc = describe(gguf)
-    text = llama.build_module(desc)
-    return Plan(gguf=gguf, target=check_target(target), mlir=text, flags=TARGET_FLAGS[target])
+    mod = llama.emit_module(desc, tiled=check_target(target) == "cpu")
+    return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
+                repacked=dict(mod.repacked))  # fmt: skip
+
+
+def _write_repacked(p: Plan, directory: Path) -> None:
+    """Repack the tiled weights into `weights.irpa` in `directory` (a byte shuffle, no requantizing)."""
+    if not p.repacked:
+        return
+    entries = {}
+    for name, (q, n, k) in p.repacked.items():
+        raw = read_tensor_bytes(p.gguf.path, p.gguf.tensors[name])
+        for plane, arr in tiled.repack(q, raw, n, k).items():
+            entries[f"{name}.{plane}"] = arr
+    write_parameter_archive(directory / REPACKED_ARCHIVE, entries)
 
 
 def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep_ir: bool = False) -> Path:
@@ -85,13 +102,19 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
         vmfb=vmfb_name,
         vmfb_sha256=sha256_bytes(vmfb),
         mlir_sha256=sha256_bytes(p.mlir.encode()),
+        parameter_archives=[REPACKED_ARCHIVE] if p.repacked else [],
     )
     extra = {"model.mlir": p.mlir} if keep_ir else None
-    return write_artifact(out_dir, manifest, vmfb, extra)
+    if p.repacked:
+        say(f"repacking {len(p.repacked)} weights into {REPACKED_ARCHIVE}")
+    return write_artifact(out_dir, manifest, vmfb, extra, payload=lambda tmp: _write_repacked(p, tmp))
 
 
 def ensure_artifact(
-    gguf_path: str | os.PathLike[str], target: str, progress: Progress | None = None, cache_dir: Path | None = None
+    gguf_path: str | os.PathLike[str],
+    target: str,
+    progress: Progress | None = None,
+    cache_dir: Path | None = None,
 ) -> Path:
     """The cached artifact for this GGUF and target, compiling it if absent or broken."""
     say = progress or (lambda _msg: None)

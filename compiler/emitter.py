@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 
+from zinc.compiler import tiled
 from zinc.compiler.kernels import (
     QuantType,
     gather_name,
@@ -28,7 +29,9 @@ def f32_const(x: float) -> str:
 class ModuleEmitter:
     """Collects the text of one MLIR module."""
 
-    def __init__(self) -> None:
+    def __init__(self, tiled: bool = False) -> None:
+        self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
+        self.repacked: dict[str, tuple[QuantType, int, int]] = {}  # GGUF tensor -> (type, n, k)
         self.globals: dict[str, str] = {}  # symbol -> declaration
         self.funcs: dict[str, str] = {}  # symbol -> private helper text
         self.entries: list[str] = []
@@ -102,10 +105,22 @@ class Body:
         Every weight matmul of every architecture goes through here: it binds the weight's
         parameter(s) and picks the kernel for the module's target.
         """
+        if self.mod.tiled and tiled.supports(q, n, k):
+            return self._linear_tiled(tensor, q, n, k, x, hint)
         ty = q.param_type(n, k)
         w = self.load(self.mod.param(tensor, ty), ty)
         name = self.mod.helper(matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic))
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
+
+    def _linear_tiled(self, tensor: str, q: QuantType, n: int, k: int, x: str, hint: str) -> str:
+        self.mod.repacked[tensor] = (q, n, k)
+        planes = tiled.plane_types(q, n, k)
+        args = [(self.load(self.mod.param(f"{tensor}.{p}", ty), ty), ty) for p, ty in planes.items()]
+        if self.dynamic:
+            name = self.mod.helper(tiled.prefill_name(q, n, k), tiled.render_prefill(q, n, k))
+        else:
+            name = self.mod.helper(tiled.decode_name(q, n, k), tiled.render_decode(q, n, k))
+        return self.call(name, [*args, (x, self.act(k))], self.act(n), hint)
 
     def gather(self, q: QuantType, w: str, rows: int, cols: int, ids: str) -> str:
         name = self.mod.helper(
@@ -138,7 +153,15 @@ class Body:
         hhd = self.act(heads * head_dim)
         return self.call(name, [(x, hhd), (start, "index")], hhd, hint)
 
-    def attention(self, q: str, kv_old: tuple[str, str], kv_new: tuple[str, str], heads: int, heads_kv: int, head_dim: int) -> str:
+    def attention(
+        self,
+        q: str,
+        kv_old: tuple[str, str],
+        kv_new: tuple[str, str],
+        heads: int,
+        heads_kv: int,
+        head_dim: int,
+    ) -> str:
         """Attention of T queries over cached rows (`kv_old`, [S, Hkv, hd]) and this step's rows."""
         name = f"attention_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
         subs = {

@@ -29,11 +29,16 @@ def cache_type(desc: ModelDescription) -> str:
 
 
 def build_module(desc: ModelDescription, module_name: str = "zinc_model") -> str:
-    mod = ModuleEmitter()
+    return emit_module(desc).text(module_name)
+
+
+def emit_module(desc: ModelDescription, tiled: bool = False) -> ModuleEmitter:
+    """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU)."""
+    mod = ModuleEmitter(tiled=tiled)
     for entry in ("prefill", "decode"):
         mod.entries.append(_entry(mod, desc, entry, dynamic=entry == "prefill"))
     mod.entries.append(_kv_write(desc))
-    return mod.text(module_name)
+    return mod
 
 
 def _kv_write(desc: ModelDescription) -> str:

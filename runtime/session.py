@@ -46,7 +46,9 @@ class StepResult:
 
 
 class ModelSession:
-    def __init__(self, artifact_dir: Path, gguf_path: Path, device: DeviceSpec, context_length: int | None = None):
+    def __init__(
+        self, artifact_dir: Path, gguf_path: Path, device: DeviceSpec, context_length: int | None = None
+    ):
         gguf = open_gguf(gguf_path)
         self.manifest: Manifest = load_manifest(artifact_dir, gguf)
         if self.manifest.target != device.target:
@@ -58,7 +60,11 @@ class ModelSession:
         self.hparams = hp
         self.device_spec = device
         self.context_length = min(context_length or DEFAULT_CONTEXT, hp.context_length)
-        self.module = LoadedModule(artifact_dir / self.manifest.vmfb, device.uri, parameter_files=[gguf.path])
+        self.module = LoadedModule(
+            artifact_dir / self.manifest.vmfb,
+            device.uri,
+            parameter_files=[gguf.path, *(artifact_dir / a for a in self.manifest.parameter_archives)],
+        )
         self.device = self.module.device
         self._prefill = self.module.fn("prefill")
         self._decode = self.module.fn("decode")

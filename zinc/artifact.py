@@ -1,7 +1,7 @@
 """The artifact contract: a directory holding `model.<target>.vmfb` and `manifest.json`.
 
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
-entry points, KV-cache geometry, the vmfb's sha256), writing it atomically, and `load_manifest`,
+entry points, KV-cache geometry, the vmfb's sha256, the `.irpa` archives of repacked weights), writing it atomically, and `load_manifest`,
 which refuses what it does not understand or what does not match the GGUF it is used with.
 Imports: zinc.errors, zinc.model (leaf-level helpers only). Anyone may import this module.
 """
@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class Manifest:
     vmfb: str  # file name inside the artifact directory
     vmfb_sha256: str
     mlir_sha256: str
+    parameter_archives: list[str] = field(default_factory=list)  # `.irpa` files of repacked weights
     kv_cache: KVCacheGeometry = field(default_factory=KVCacheGeometry)
     sampling: str = "greedy token computed on the device (argmax); other samplers on the host from logits"
     format_version: int = FORMAT_VERSION
@@ -59,7 +61,9 @@ class Manifest:
     def from_json(d: dict[str, Any]) -> Manifest:
         version = d.get("format_version")
         if version != FORMAT_VERSION:
-            raise ArtifactError(f"artifact format version {version!r} is not supported (expected {FORMAT_VERSION})")
+            raise ArtifactError(
+                f"artifact format version {version!r} is not supported (expected {FORMAT_VERSION})"
+            )
         try:
             return Manifest(
                 **{k: v for k, v in d.items() if k not in ("hparams", "kv_cache")},
@@ -74,14 +78,25 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def write_artifact(directory: Path, manifest: Manifest, vmfb: bytes, extra: dict[str, str] | None = None) -> Path:
-    """Write the artifact atomically: into a sibling temp directory, then rename over `directory`."""
+def write_artifact(
+    directory: Path,
+    manifest: Manifest,
+    vmfb: bytes,
+    extra: dict[str, str] | None = None,
+    payload: Callable[[Path], object] | None = None,
+) -> Path:
+    """Write the artifact atomically: into a sibling temp directory, then rename over `directory`.
+
+    `payload(tmp_dir)` writes any further files (the repacked-weight archives) before the rename.
+    """
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
         (tmp / manifest.vmfb).write_bytes(vmfb)
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
+        if payload is not None:
+            payload(tmp)
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
         if directory.exists():
             shutil.rmtree(directory)
@@ -104,9 +119,14 @@ def load_manifest(directory: Path, gguf: GGUFModel | None = None, verify_vmfb: b
     vmfb = directory / manifest.vmfb
     if not vmfb.is_file():
         raise ArtifactError(f"{directory}: the module {manifest.vmfb} is missing")
+    for name in manifest.parameter_archives:
+        if not (directory / name).is_file():
+            raise ArtifactError(f"{directory}: the parameter archive {name} is missing")
     if verify_vmfb and sha256_bytes(vmfb.read_bytes()) != manifest.vmfb_sha256:
         raise ArtifactError(f"{vmfb}: corrupted module (checksum does not match the manifest)")
-    if gguf is not None and (gguf.identity != manifest.gguf_identity or gguf.file_size != manifest.gguf_file_size):
+    if gguf is not None and (
+        gguf.identity != manifest.gguf_identity or gguf.file_size != manifest.gguf_file_size
+    ):
         raise ArtifactError(
             f"{directory} was compiled from a different GGUF than {gguf.path}; recompile with `zinc compile`"
         )

@@ -50,7 +50,13 @@ def test_compile_writes_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -
     for name in ("blk.0.ffn_up.weight", "token_embd.weight", "blk.1.attn_norm.weight"):
         t = gguf.tensors[name]
         assert data[t.offset + 16 : t.offset + 80] not in blob, f"{name} was embedded in the vmfb"
-    assert '#flow.parameter.named<"model"::"blk.0.attn_q.weight">' in (out / "model.mlir").read_text()
+    mlir = (out / "model.mlir").read_text()
+    assert '#flow.parameter.named<"model"::"token_embd.weight">' in mlir  # read from the GGUF
+    # on the CPU the matmul weights are repacked planes in the artifact's archive, same byte count
+    assert '#flow.parameter.named<"model"::"blk.0.attn_q.weight.qs">' in mlir
+    assert manifest["parameter_archives"] == ["weights.irpa"]
+    repacked = sum(t.n_bytes for n, t in gguf.tensors.items() if n.startswith("blk.") and "norm" not in n)
+    assert repacked < (out / "weights.irpa").stat().st_size < repacked + 64 * 1024
 
 
 @pytest.mark.e2e

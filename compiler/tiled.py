@@ -1,0 +1,178 @@
+"""The fast CPU matmul path: GGUF blocks repacked into tiled planes, and the kernels that read them.
+
+Owns: `TILED_TYPES` (the quant types with a tiled layout), `repack` (a pure byte shuffle of one
+GGUF tensor into its planes, run once by `zinc compile` and written to the artifact's `.irpa`),
+`plane_types` (the MLIR types those planes are bound as), and the kernels:
+  - decode (T = 1): one `linalg.generic` per matrix over `[N/TW, B, 32, TW]` planes, rows of a
+    tile innermost so a workgroup streams one contiguous slab; the last product is written as
+    `math.fma(a, b, -0.0)` + `arith.addf` so IREE does not form a `vector.contract` (which it
+    scalarises), and a `compilation_info` vectorizes the TW rows, never the reduction;
+  - prefill (T = ?): the tile is dequantized to f32 and multiplied with `linalg.matmul`, the
+    contraction path IREE tiles and vectorizes well.
+The layout and the body follow ../shared/research/quant-kernels.md (measured there and here).
+Imports: numpy, zinc.compiler.kernels (QuantType, f16 decoding, templates), zinc.errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zinc.compiler.kernels import QuantType, _f16_bits_to_f32, template
+
+TW = 32  # output rows per tile: the vectorized dimension
+U8 = np.ndarray[Any, np.dtype[np.uint8]]
+
+
+@dataclass(frozen=True)
+class TiledLayout:
+    quant: str  # GGML type name
+    planes: tuple[str, ...]  # parameter suffixes, in kernel argument order
+    qbytes: int  # bytes of quants per 32 weights (32 for 8-bit, 16 for 4-bit)
+
+
+TILED_TYPES: dict[str, TiledLayout] = {
+    "Q8_0": TiledLayout("Q8_0", ("qs", "d"), 32),
+    "Q4_0": TiledLayout("Q4_0", ("qs", "d"), 16),
+    "Q4_1": TiledLayout("Q4_1", ("qs", "d", "m"), 16),
+}
+
+
+def supports(q: QuantType, n: int, k: int) -> bool:
+    return q.name in TILED_TYPES and n % TW == 0 and k % 32 == 0
+
+
+def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
+    """MLIR tensor type of each plane of an [n, k] weight."""
+    lay, nt, b = TILED_TYPES[q.name], n // TW, k // 32
+    out = {"qs": f"tensor<{nt}x{b}x{lay.qbytes}x{TW}xi8>", "d": f"tensor<{nt}x{b}x{TW}xi16>"}
+    if "m" in lay.planes:
+        out["m"] = f"tensor<{nt}x{b}x{TW}xi16>"
+    return {p: out[p] for p in lay.planes}
+
+
+def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Planes of one GGUF tensor (`raw`: its bytes). Scales stay f16 bits, so sizes equal GGUF's."""
+    b = k // 32
+    blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
+
+    def tile(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:  # [n, b, ...] -> [n/TW, b, ..., TW]
+        a = a.reshape(n // TW, TW, *a.shape[1:])
+        return np.ascontiguousarray(np.moveaxis(a, 1, -1))
+
+    def f16_bits(lo: int) -> np.ndarray[Any, Any]:
+        return blocks[:, :, lo : lo + 2].copy().view(np.int16)[..., 0]
+
+    if q.name == "Q8_0":
+        return {"qs": tile(blocks[:, :, 2:].view(np.int8)), "d": tile(f16_bits(0))}
+    if q.name == "Q4_0":
+        return {"qs": tile(blocks[:, :, 2:].view(np.int8)), "d": tile(f16_bits(0))}
+    if q.name == "Q4_1":
+        return {"qs": tile(blocks[:, :, 4:].view(np.int8)), "d": tile(f16_bits(0)), "m": tile(f16_bits(2))}
+    raise ValueError(f"no tiled layout for {q.name}")
+
+
+def _compilation_info(rank: int) -> str:
+    """Distribute and vectorize the TW rows of one tile; step the reductions one at a time."""
+    par = ", ".join(["1", str(TW)] + ["0"] * (rank - 2))
+    red = ", ".join(["0", "0"] + ["1"] * (rank - 2))
+    return (
+        "#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+        f"distribution = [{par}], vector_common_parallel = [{par}], vector_reduction = [{red}]>, "
+        "translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>"
+    )
+
+
+def _scale(bits: str, out: str) -> str:
+    """Lines decoding f16 bits held in an i16 SSA value into f32 `out`."""
+    p = out.lstrip("%")
+    return f"      %{p}_w = arith.extui {bits} : i16 to i32\n" + _f16_bits_to_f32(f"%{p}_w", out, "      ")
+
+
+def _weight_lines(lay: TiledLayout) -> str:
+    """Body lines computing `%wv` (the dequantized weight) from `%q`, `%d` (and `%m`)."""
+    if lay.qbytes == 32:
+        return "      %qf = arith.sitofp %q : i8 to f32\n      %wv = arith.mulf %qf, %d : f32"
+    lines = [
+        "%h = linalg.index 3 : index",
+        "%h8 = arith.index_cast %h : index to i8",
+        "%c4 = arith.constant 4 : i8",
+        "%sh = arith.muli %h8, %c4 : i8",
+        "%qsh = arith.shrui %q, %sh : i8",
+        "%c15 = arith.constant 15 : i8",
+        "%qn = arith.andi %qsh, %c15 : i8",
+        "%qf = arith.uitofp %qn : i8 to f32",
+    ]
+    if lay.quant == "Q4_0":
+        lines += ["%cm8 = arith.constant -8.0 : f32", "%m = arith.mulf %d, %cm8 : f32"]
+    lines.append("%wv = math.fma %qf, %d, %m : f32")
+    return "\n".join("      " + ln for ln in lines)
+
+
+def _maps(lay: TiledLayout) -> tuple[str, str, str]:
+    """(loop dims, quant map, scale map, x map) pieces for 8-bit (t,n,b,j) or 4-bit (t,n,b,h,j)."""
+    if lay.qbytes == 32:
+        return "(t, n, b, j)", "(t, b, j, n)", "(t, b, n)"
+    return "(t, n, b, h, j)", "(t, b, j, n)", "(t, b, n)"
+
+
+def decode_name(q: QuantType, n: int, k: int) -> str:
+    return f"tiled_{q.name.lower()}_1_{n}x{k}"
+
+
+def render_decode(q: QuantType, n: int, k: int) -> str:
+    """A private func `y[1, n] = x[1, k] @ W[n, k]^T` over the tiled planes."""
+    lay, nt, b = TILED_TYPES[q.name], n // TW, k // 32
+    types = plane_types(q, n, k)
+    dims, qmap, smap = _maps(lay)
+    four = lay.qbytes == 16
+    xshape = f"{b}x2x16" if four else f"{b}x32"
+    xmap = "(b, h, j)" if four else "(b, j)"
+    xexpand = f"[[0, 1, 2]] output_shape [{b}, 2, 16]" if four else f"[[0, 1]] output_shape [{b}, 32]"
+    rank = 5 if four else 4
+    args = ", ".join(f"%w_{p}: {types[p]}" for p in lay.planes)
+    maps = [f"affine_map<{dims} -> {qmap}>"] + [f"affine_map<{dims} -> {smap}>"] * (len(lay.planes) - 1)
+    maps += [f"affine_map<{dims} -> {xmap}>", f"affine_map<{dims} -> (t, n)>"]
+    ins = ", ".join(f"%w_{p}" for p in lay.planes) + ", %xb"
+    in_types = ", ".join(types[p] for p in lay.planes) + f", tensor<{xshape}xf32>"
+    bb = ", ".join(["%q: i8"] + [f"%{p}b: i16" for p in lay.planes[1:]] + ["%xv: f32", "%a: f32"])
+    scales = "\n".join(_scale(f"%{p}b", f"%{p}") for p in lay.planes[1:])
+    iters = ", ".join(['"parallel"', '"parallel"'] + ['"reduction"'] * (rank - 2))
+    return template("tiled_decode.mlir").substitute(
+        NAME=decode_name(q, n, k), ARGS=args, N=str(n), K=str(k), NT=str(nt), TW=str(TW),
+        XSHAPE=xshape, XEXPAND=xexpand, INFO=_compilation_info(rank), MAPS=", ".join(maps),
+        ITERS=iters, INS=ins, IN_TYPES=in_types, BB=bb, SCALES=scales, WEIGHT=_weight_lines(lay),
+    )  # fmt: skip
+
+
+def prefill_name(q: QuantType, n: int, k: int) -> str:
+    return f"tiled_{q.name.lower()}_t_{n}x{k}"
+
+
+def render_prefill(q: QuantType, n: int, k: int) -> str:
+    """A private func `y[T, n] = x[T, k] @ W[n, k]^T`: dequantize W^T [k, n] to f32, then matmul."""
+    lay, nt, b = TILED_TYPES[q.name], n // TW, k // 32
+    types = plane_types(q, n, k)
+    four = lay.qbytes == 16
+    # dequant generic over (t, b, j, n) [+ h]: output W^T viewed as [B, 32, NT, TW] = [K, N]
+    dims = "(t, b, h, j, n)" if four else "(t, b, j, n)"
+    out_map = f"affine_map<{dims} -> (b, {'h, j' if four else 'j'}, t, n)>"
+    out_shape = f"{b}x2x16x{nt}x{TW}" if four else f"{b}x32x{nt}x{TW}"
+    maps = [f"affine_map<{dims} -> (t, b, j, n)>"] + [f"affine_map<{dims} -> (t, b, n)>"] * (
+        len(lay.planes) - 1
+    )
+    maps.append(out_map)
+    args = ", ".join(f"%w_{p}: {types[p]}" for p in lay.planes)
+    ins = ", ".join(f"%w_{p}" for p in lay.planes)
+    in_types = ", ".join(types[p] for p in lay.planes)
+    bb = ", ".join(["%q: i8"] + [f"%{p}b: i16" for p in lay.planes[1:]] + ["%o: f32"])
+    scales = "\n".join(_scale(f"%{p}b", f"%{p}") for p in lay.planes[1:])
+    iters = ", ".join(['"parallel"'] * (5 if four else 4))
+    weight = _weight_lines(lay).replace("linalg.index 3", "linalg.index 2")
+    collapse = "[[0, 1, 2], [3, 4]]" if four else "[[0, 1], [2, 3]]"
+    return template("tiled_prefill.mlir").substitute(
+        NAME=prefill_name(q, n, k), ARGS=args, N=str(n), K=str(k), MAPS=", ".join(maps), ITERS=iters,
+        INS=ins, IN_TYPES=in_types, OUT_SHAPE=out_shape, BB=bb, SCALES=scales, WEIGHT=weight, COLLAPSE=collapse,
+    )  # fmt: skip
