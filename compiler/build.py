@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+import numpy as np
+
 from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
 from zinc.compiler import llama, tiled
 from zinc.compiler.kernels import QuantType
@@ -48,7 +50,7 @@ class Plan:
     target: str
     mlir: str
     flags: tuple[str, ...]
-    repacked: dict[str, tuple[QuantType, int, int]]  # GGUF tensor -> (type, n, k), into the .irpa
+    repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int]]  # see ModuleEmitter.repacked
 
     @property
     def key(self) -> str:
@@ -74,8 +76,9 @@ def _write_repacked(p: Plan, directory: Path) -> None:
     if not p.repacked:
         return
     entries = {}
-    for name, (q, n, k) in p.repacked.items():
-        raw = read_tensor_bytes(p.gguf.path, p.gguf.tensors[name])
+    for name, (sources, q, n, k) in p.repacked.items():
+        rows = [read_tensor_bytes(p.gguf.path, p.gguf.tensors[s]) for s in sources]
+        raw = rows[0] if len(rows) == 1 else np.concatenate(rows)  # stacked row-wise: [sum n, k]
         for plane, arr in tiled.repack(q, raw, n, k).items():
             entries[f"{name}.{plane}"] = arr
     write_parameter_archive(directory / REPACKED_ARCHIVE, entries)

@@ -9,6 +9,7 @@ Imports: zinc.compiler.kernels, zinc.mlir templates.
 from __future__ import annotations
 
 import itertools
+import re
 
 from zinc.compiler import tiled
 from zinc.compiler.kernels import (
@@ -31,14 +32,15 @@ class ModuleEmitter:
 
     def __init__(self, tiled: bool = False) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
-        self.repacked: dict[str, tuple[QuantType, int, int]] = {}  # GGUF tensor -> (type, n, k)
+        # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k), written into the .irpa
+        self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int]] = {}
         self.globals: dict[str, str] = {}  # symbol -> declaration
         self.funcs: dict[str, str] = {}  # symbol -> private helper text
         self.entries: list[str] = []
 
     def param(self, gguf_name: str, mlir_type: str) -> str:
         """A weight bound at run time from the parameter archive; returns its global symbol."""
-        sym = "w_" + gguf_name.replace(".", "_")
+        sym = "w_" + re.sub(r"[^A-Za-z0-9_]", "_", gguf_name)
         self.globals[sym] = (
             f'util.global private @{sym} = #flow.parameter.named<"model"::"{gguf_name}"> : {mlir_type}'
         )
@@ -112,8 +114,36 @@ class Body:
         name = self.mod.helper(matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic))
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
 
-    def _linear_tiled(self, tensor: str, q: QuantType, n: int, k: int, x: str, hint: str) -> str:
-        self.mod.repacked[tensor] = (q, n, k)
+    def linears(self, parts: list[tuple[str, QuantType, int]], k: int, x: str) -> list[str]:
+        """Several weights applied to the same input (q/k/v, gate/up): one matmul on the CPU path.
+
+        `parts` are (GGUF tensor, type, rows); on the tiled path, when the types agree, the
+        weights are stacked row-wise at repack time and one kernel computes every output, which
+        halves the dispatches per layer; each result is then a slice of it.
+        """
+        q0 = parts[0][1]
+        fusable = self.mod.tiled and all(q == q0 and tiled.supports(q, n, k) for _, q, n in parts)
+        if not fusable or len(parts) == 1:
+            return [self.linear(t, q, n, k, x, t.rsplit(".", 2)[-2]) for t, q, n in parts]
+        names = tuple(t for t, _, _ in parts)
+        total = sum(n for _, _, n in parts)
+        stacked = "+".join(names)
+        y = self._linear_tiled(stacked, q0, total, k, x, "stacked", names)
+        outs, off = [], 0
+        for t, _, n in parts:
+            out = self.fresh(t.rsplit(".", 2)[-2])
+            self.emit(
+                f"{out} = tensor.extract_slice {y}[0, {off}] [{'%T' if self.dynamic else '1'}, {n}] [1, 1] "
+                f": {self.act(total)} to {self.act(n)}"
+            )
+            outs.append(out)
+            off += n
+        return outs
+
+    def _linear_tiled(
+        self, tensor: str, q: QuantType, n: int, k: int, x: str, hint: str, sources: tuple[str, ...] = ()
+    ) -> str:
+        self.mod.repacked[tensor] = (sources or (tensor,), q, n, k)
         planes = tiled.plane_types(q, n, k)
         args = [(self.load(self.mod.param(f"{tensor}.{p}", ty), ty), ty) for p, ty in planes.items()]
         if self.dynamic:

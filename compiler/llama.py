@@ -103,9 +103,9 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
         cur = b.rmsnorm(
             x, _norm_weight(mod, b, p + "attn_norm.weight", d), d, hp.layer_norm_rms_epsilon, "attn_norm"
         )
-        qc = mm("attn_q.weight", nh * hd, d, cur)  # [T, nh*hd]
-        kc = mm("attn_k.weight", nkv * hd, d, cur)  # [T, nkv*hd]
-        vc = mm("attn_v.weight", nkv * hd, d, cur)  # [T, nkv*hd]
+        qkv = [(p + w, q_of(p + w), n) for w, n in (("attn_q.weight", nh * hd), ("attn_k.weight", nkv * hd),
+                                                      ("attn_v.weight", nkv * hd))]  # fmt: skip
+        qc, kc, vc = b.linears(qkv, d, cur)  # [T, nh*hd], [T, nkv*hd], [T, nkv*hd]
         qc = b.rope(qc, "%start", nh, hd, hp.rope_dimension_count, hp.rope_freq_base, "Qcur")
         kc = b.rope(kc, "%start", nkv, hd, hp.rope_dimension_count, hp.rope_freq_base, "Kcur")
         new_kv = []
@@ -136,8 +136,7 @@ def _entry(mod: ModuleEmitter, desc: ModelDescription, name: str, dynamic: bool)
         cur = b.rmsnorm(
             x, _norm_weight(mod, b, p + "ffn_norm.weight", d), d, hp.layer_norm_rms_epsilon, "ffn_norm"
         )
-        gate = mm("ffn_gate.weight", ff, d, cur)  # [T, ff]
-        up = mm("ffn_up.weight", ff, d, cur)  # [T, ff]
+        gate, up = b.linears([(p + w, q_of(p + w), ff) for w in ("ffn_gate.weight", "ffn_up.weight")], d, cur)
         cur = b.elementwise("swiglu", gate, up, ff, "ffn_act")
         cur = mm("ffn_down.weight", d, ff, cur)  # [T, d]
         x = b.elementwise("add", x, cur, d, "l_out")
