@@ -73,6 +73,13 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 BYTE_TO_UNICODE = _bytes_to_unicode()
 UNICODE_TO_BYTE = {c: b for b, c in BYTE_TO_UNICODE.items()}
+# str.translate table for the fast path of `_decode_piece`: each byte-level character becomes the
+# latin-1 character of its byte; any other character below U+0100 becomes U+FFFF, so that
+# `encode("latin-1")` fails and the exact (slow) path handles that piece.
+_TO_LATIN1: dict[int, int] = {
+    **{i: 0xFFFF for i in range(256)},
+    **{ord(c): b for c, b in UNICODE_TO_BYTE.items()},
+}
 
 
 def as_bool(value: Any) -> bool:
@@ -111,6 +118,10 @@ def _decode_piece(model: str, text: str, kind: int) -> bytes:
         return b""  # unused / undefined tokens decode to nothing, as in llama.cpp
     if model == "llama":
         return text.replace(SPM_SPACE, " ").encode("utf-8")
+    try:
+        return text.translate(_TO_LATIN1).encode("latin-1")
+    except UnicodeEncodeError:
+        pass
     table = UNICODE_TO_BYTE
     return b"".join(bytes([table[c]]) if c in table else c.encode("utf-8") for c in text)
 
