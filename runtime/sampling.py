@@ -3,7 +3,11 @@
 Owns: `SamplingParams` (OpenAI / llama.cpp names, already validated) and `Sampler`, which
 applies logit bias, repetition/presence/frequency penalties, temperature, top-k, min-p and top-p,
 then draws from a seeded generator. Greedy decoding never needs the logits: the device computes
-the argmax, so `Sampler.needs_logits` is False for plain greedy requests.
+the argmax, so `Sampler.needs_logits` is False for plain greedy requests. `sample` also takes an
+optional boolean `allowed` mask (constrained decoding): disallowed tokens are removed after the
+penalties and before temperature and the truncations, so greedy is the argmax over what is allowed.
+`token_logprobs` computes the model's log-probabilities (log-softmax of the raw logits) of the
+chosen token and the top alternatives, only for requests that ask for them.
 Imports: numpy only.
 """
 
@@ -17,6 +21,7 @@ from typing import Any
 import numpy as np
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
+BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,11 @@ class Sampler:
     def needs_logits(self) -> bool:
         p = self.p
         return bool(
-            p.temperature > 0 or p.logit_bias or p.presence_penalty or p.frequency_penalty or p.repeat_penalty != 1.0
+            p.temperature > 0
+            or p.logit_bias
+            or p.presence_penalty
+            or p.frequency_penalty
+            or p.repeat_penalty != 1.0
         )
 
     def _adjust(self, logits: F32, history: Sequence[int]) -> F32:
@@ -63,8 +72,14 @@ class Sampler:
             x[ids] -= p.frequency_penalty * n + p.presence_penalty * (n > 0)
         return x
 
-    def sample(self, logits: F32, history: Sequence[int] = ()) -> int:
+    def sample(self, logits: F32, history: Sequence[int] = (), allowed: BoolArray | None = None) -> int:
         x = self._adjust(logits, history)
+        if allowed is not None:
+            n = min(allowed.size, x.size)
+            if not allowed[:n].any():
+                raise ValueError("the constraint allows no token")
+            x[:n][~allowed[:n]] = -np.inf
+            x[n:] = -np.inf
         p = self.p
         if p.temperature <= 0:
             return int(np.argmax(x))
@@ -82,3 +97,18 @@ class Sampler:
             keep = min(keep, int(np.searchsorted(np.cumsum(probs), p.top_p) + 1))
         probs = probs[: max(keep, 1)]
         return int(order[self.rng.choice(probs.size, p=probs / probs.sum())])
+
+
+def token_logprobs(logits: F32, token: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    """The log-probability of `token` under the model (log-softmax of the raw logits) and the `top`
+    most likely tokens with theirs, most likely first (ties by lower id)."""
+    x = logits.astype(np.float64)
+    m = float(np.max(x))
+    lse = m + float(np.log(np.sum(np.exp(x - m))))
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        k = min(top, x.size)
+        idx = np.argpartition(-x, k - 1)[:k]
+        idx = idx[np.lexsort((idx, -x[idx]))]
+        best = [(int(i), float(x[i]) - lse) for i in idx]
+    return float(x[token]) - lse, best

@@ -5,7 +5,10 @@ ChatML-like template, and generates a fixed, cycling sentence from a small vocab
 optional per-token delay. It honours `max_tokens` and text stop sequences (holding back partial
 matches, never emitting the stop text), serializes generations behind a lock like the real
 engine does before batching, and records everything tests want to check: requests, template
-calls, aborts and completions.
+calls, aborts and completions. With `script`, it generates that text instead (cut into pieces of
+`script_piece` characters, one per token, so tags split across tokens) and stops ("stop") when the
+script ends. When a request asks for logprobs, each token carries made-up but deterministic ones
+(token i: logprob -0.25 * (i % 4), alternatives below it).
 """
 
 from __future__ import annotations
@@ -14,7 +17,15 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from zinc.engine.types import EngineStats, FinishReason, GenerationRequest, TextDelta, Usage
+from zinc.engine.types import (
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    TextDelta,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
 
 VOCAB = (
@@ -55,7 +66,11 @@ class FakeEngine:
         fail_after: int | None = None,
         fail_with: ZincError | Exception | None = None,
         queue_full: bool = False,
+        script: str | None = None,
+        script_piece: int = 3,
     ) -> None:
+        self.script = script
+        self.script_piece = script_piece
         self._model_id = model_id
         self._context_length = context_length
         self.token_delay = token_delay
@@ -132,6 +147,7 @@ class FakeEngine:
     async def _tokens(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         text = ""  # generated so far
         sent = 0  # characters of `text` already emitted
+        pieces = self._script_pieces()
         for n in range(1, request.max_tokens + 1):
             if self.token_delay:
                 await asyncio.sleep(self.token_delay)
@@ -140,23 +156,46 @@ class FakeEngine:
             if self.fail_after is not None and n > self.fail_after:
                 raise self.fail_with or RuntimeError("fake engine failure")
             index = (n - 1) % len(VOCAB)
-            text += VOCAB[index]
+            text += pieces[n - 1] if pieces is not None else VOCAB[index]
+            logprobs = _fake_logprobs(n - 1, pieces[n - 1] if pieces else VOCAB[index], request.logprobs)
             hit = min((text.find(s, sent) for s in request.stop if text.find(s, sent) >= 0), default=-1)
             if hit >= 0:
-                yield self._final(text[sent:hit], index, "stop", request, n)
+                yield self._final(text[sent:hit], index, "stop", request, n, logprobs)
                 return
             safe = len(text) - _held_back(text, request.stop)
+            if pieces is not None and n == len(pieces):
+                yield self._final(text[sent:], index, "stop", request, n, logprobs)
+                return
             last = n == request.max_tokens
             if last:
-                yield self._final(text[sent:], index, "length", request, n)
+                yield self._final(text[sent:], index, "length", request, n, logprobs)
                 return
-            yield TextDelta(text[sent:safe], token_ids=(TOKEN_BASE + index,))
+            yield TextDelta(text[sent:safe], token_ids=(TOKEN_BASE + index,), logprobs=logprobs)
             sent = max(sent, safe)
 
+    def _script_pieces(self) -> list[str] | None:
+        if self.script is None:
+            return None
+        size = self.script_piece
+        return [self.script[i : i + size] for i in range(0, len(self.script), size)] or [""]
+
     @staticmethod
-    def _final(text: str, index: int, reason: FinishReason, request: GenerationRequest, n: int) -> TextDelta:
+    def _final(
+        text: str, index: int, reason: FinishReason, request: GenerationRequest, n: int,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> TextDelta:  # fmt: skip
         usage = Usage(len(request.prompt_ids), n)
-        return TextDelta(text, token_ids=(TOKEN_BASE + index,), finish_reason=reason, usage=usage)
+        return TextDelta(text, token_ids=(TOKEN_BASE + index,), finish_reason=reason, usage=usage, logprobs=logprobs)
+
+
+def _fake_logprobs(i: int, piece: str, top: int | None) -> tuple[TokenLogprob, ...]:
+    """Deterministic logprobs for the i-th generated token (none unless asked for)."""
+    if top is None:
+        return ()
+    logprob = -0.25 * (i % 4)
+    alternatives = [TopLogprob(piece, piece.encode(), logprob)]
+    alternatives += [TopLogprob(f"alt{k}", f"alt{k}".encode(), logprob - k) for k in range(1, top)]
+    return (TokenLogprob(piece, piece.encode(), logprob, tuple(alternatives[:top])),)
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

@@ -1,8 +1,9 @@
-"""The `zinc` command line: compile, serve, tokenize, and the prompt mode.
+"""The `zinc` command line: compile, serve, chat, model, tokenize, and the prompt mode.
 
 Owns: argument parsing (Typer), the progress display on stderr (rich), turning every `ZincError`
 into one line on stderr and a non-zero exit, and wiring the compiler (compile on first use, via
-the cache) to the runtime and engine.
+the cache) to the runtime and engine. `zinc serve`/`zinc chat` hand an `EngineManager` with the
+catalog and a loader (zinc.cli_models) to the server, which loads the model in the background.
 Imports: typer, rich, and every zinc layer (this is the top of the stack).
 """
 
@@ -12,6 +13,8 @@ import json
 import logging
 import os
 import sys
+import threading
+import webbrowser
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -20,16 +23,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from zinc.cli_models import CliLoader, model_app, pick_model, registry
 from zinc.compiler.build import compile_model, ensure_artifact, plan
 from zinc.compiler.targets import TARGETS
-from zinc.engine.engine import LocalEngine
 from zinc.engine.generate import generate_ids
+from zinc.engine.manager import EngineManager
 from zinc.errors import ZincError
-from zinc.model.gguf_file import open_gguf, resolve_model
+from zinc.model.gguf_file import open_gguf
 from zinc.runtime.device import DEVICE_CHOICES, DeviceSpec, resolve_device
 from zinc.runtime.sampling import SamplingParams
 from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession
-from zinc.server import ServerConfig, serve
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
 
 err = Console(stderr=True, highlight=False)
@@ -40,11 +43,12 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(model_app, name="model")
 
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m", help="GGUF file, or a bundled model: smollm2 (the default), gemma3-270m"
+        "--model", "-m", help="GGUF file, or a catalog model id (zinc model list); default: the one chosen with `zinc model use`, else smollm2"
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"Where to run: {'|'.join(DEVICE_CHOICES)}")]
@@ -57,7 +61,10 @@ def fail(message: str, code: int = 1) -> NoReturn:
 
 
 def model_path(model: str | None) -> Path:
-    return resolve_model(model)
+    """A GGUF path from `-m`: a file, a catalog id (installed), or the default model."""
+    catalog = registry()
+    model_id, path = pick_model(model, catalog)
+    return path if path is not None else catalog.path(model_id)
 
 
 def progress(message: str) -> None:
@@ -103,16 +110,40 @@ def load(model: str | None, device: str, cpu_driver: str, context: int) -> Loade
     return Loaded(session, tokenizer, ChatTemplate.from_metadata(gguf.metadata, tokenizer), path.stem)
 
 
-def run_server(loaded: Loaded, host: str, port: int, parallel: int, api_key: str | None) -> None:
-    engine = LocalEngine(loaded.session, loaded.tokenizer, loaded.chat, loaded.model_id)
-    config = ServerConfig(host=host, port=port, parallel=parallel, api_key=api_key or os.environ.get("ZINC_API_KEY"))
+@dataclass(frozen=True)
+class ServeOptions:
+    model: str | None
+    device: str
+    cpu_driver: str
+    context: int
+    host: str
+    port: int
+    parallel: int
+    api_key: str | None
+
+
+def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
+    """Listen at once and load the model in the background (/health is 503 "loading" meanwhile)."""
+    from zinc.server import ServerConfig, serve  # only serving needs the HTTP stack (0.3 s of imports)
+
+    spec = resolve_device(o.device, o.cpu_driver)
+    catalog = registry(o.context, spec)
+    model_id, path = pick_model(o.model, catalog)
+    if path is None:
+        catalog.path(model_id)  # fail now, with the catalog's message, when it is not installed
+    elif not path.is_file():
+        fail(f"model file not found: {path}")
+    loader = CliLoader(catalog, spec, o.context, {model_id: path} if path is not None else {})
+    manager = EngineManager(loader=loader, registry=catalog)
+    api_key = o.api_key or os.environ.get("ZINC_API_KEY")
+    config = ServerConfig(host=o.host, port=o.port, parallel=o.parallel, api_key=api_key)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
+    url = f"http://{o.host}:{o.port}"
+    where = f"chat UI at {url}/ (API at {url}/v1)" if chat_ui else f"{url}/v1"
     err.print(
-        f"zinc: serving [bold]{loaded.model_id}[/] on {loaded.session.device_spec.name} at "
-        f"http://{host}:{port}/v1 (context {loaded.session.context_length})",
-        soft_wrap=True,
+        f"zinc: serving [bold]{escape(model_id)}[/] on {spec.name} at {where} (context {o.context})", soft_wrap=True
     )
-    serve(engine, config)
+    serve(manager, config, initial_model=model_id)
 
 
 @app.command("serve")
@@ -128,8 +159,30 @@ def serve_cmd(
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
 ) -> None:
-    """Serve the OpenAI API (chat, completions, models, health) for one model."""
-    run_server(load(model, device, cpu_driver, context), host, port, parallel, api_key)
+    """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
+    run_server(ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key))
+
+
+@app.command("chat")
+def chat_cmd(
+    model: ModelOpt = None,
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 9090,
+    host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
+    context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
+    parallel: Annotated[int, typer.Option("--parallel", help="Requests admitted at once")] = 4,
+    api_key: Annotated[
+        str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
+    ] = None,
+    device: DeviceOpt = "auto",
+    cpu_driver: CpuDriverOpt = "local-task",
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the chat page in a browser")] = False,
+) -> None:
+    """Serve the built-in chat UI (port 9090 by default) together with the API."""
+    if open_browser:
+        timer = threading.Timer(1.0, webbrowser.open, [f"http://{host}:{port}/"])
+        timer.daemon = True
+        timer.start()
+    run_server(ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key), chat_ui=True)
 
 
 @app.command("tokenize")
@@ -177,7 +230,7 @@ def main_cmd(
     if ctx.invoked_subcommand is not None:
         return
     if port is not None:
-        run_server(load(model, device, cpu_driver, context), "127.0.0.1", port, 4, None)
+        run_server(ServeOptions(model, device, cpu_driver, context, "127.0.0.1", port, 4, None))
         return
     if prompt is None and prompt_ids is None:
         typer.echo(ctx.get_help())

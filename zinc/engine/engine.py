@@ -5,7 +5,10 @@ bounded queue; past it `QueueFullError` at once); the generation loop run step b
 worker thread, turning token ids into text deltas with stop sequences held back; and abort: when
 the consumer stops iterating, the loop ends at the next step boundary and the slot is freed.
 (Continuous batching replaces the single slot in a later issue.)
-Imports: zinc.engine (types, generate, stops), zinc.runtime.session, zinc.tokenizer,
+A request's grammar (constrained decoding) and logprobs are handled inside the token loop
+(`generate_tokens`); each token's logprobs ride on the delta that carries the token, even when
+its text is held back.
+Imports: zinc.engine (types, generate, stops, constraint), zinc.runtime.session, zinc.tokenizer,
 zinc.errors.
 """
 
@@ -18,9 +21,18 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
-from zinc.engine.generate import generate_ids
+from zinc.engine.constraint import GrammarMatcher
+from zinc.engine.generate import Sampled, generate_tokens
 from zinc.engine.stops import StopMatcher
-from zinc.engine.types import EngineStats, FinishReason, GenerationRequest, TextDelta, Usage
+from zinc.engine.types import (
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    TextDelta,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
 from zinc.errors import ContextLengthExceededError, QueueFullError
 from zinc.runtime.session import ModelSession
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
@@ -100,24 +112,41 @@ class LocalEngine:
         decoder = IncrementalDecoder(self.tokenizer)
         stops = StopMatcher(request.stop)
         eog = self.tokenizer.eog_ids if request.stop_on_eog else frozenset()
-        # the token loop itself (prefill, sampling, decode, context limit) is generate_ids; each
-        # `next` runs one step on the worker thread, and leaving this loop abandons the rest
-        tokens = generate_ids(self.session, prompt, request.max_tokens, request.sampling, eog)
+        matcher = None
+        if request.grammar is not None:
+            matcher = await self._run(partial(GrammarMatcher, request.grammar, self.tokenizer))
+        # the token loop itself (prefill, sampling, constraint, logprobs, decode, context limit) is
+        # generate_tokens; each `next` runs one step on the worker thread, and leaving this loop
+        # abandons the rest
+        tokens = generate_tokens(self.session, prompt, request.max_tokens, request.sampling, eog,
+                                 logprobs=request.logprobs, constraint=matcher)
         generated = 0
         finish: FinishReason = "length"
         self._positions = len(prompt)
-        while (token := await self._run(partial(next, tokens, None))) is not None:
+        while (sampled := await self._run(partial(next, tokens, None))) is not None:
+            token = sampled.token
             generated += 1
             self._positions += 1
             if token in eog:
                 finish = "stop"
                 break
             text = stops.feed(decoder.add(token))
-            if text:
-                yield TextDelta(text, (token,))
-            if stops.stopped:
+            logprobs = (self._logprob(sampled),) if sampled.logprob is not None else ()
+            if text or logprobs:
+                yield TextDelta(text, (token,), logprobs=logprobs)
+            if stops.stopped or (matcher is not None and matcher.done):
                 finish = "stop"
                 break
         tail = stops.feed(decoder.flush()) if not stops.stopped else ""
         tail += stops.flush()
         yield TextDelta(tail, (), finish, Usage(len(prompt), generated))
+
+    def _logprob(self, sampled: Sampled) -> TokenLogprob:
+        def piece(token: int) -> tuple[str, bytes]:
+            raw = self.tokenizer.piece(token, skip_special=False)
+            return raw.decode("utf-8", "replace"), raw
+
+        text, raw = piece(sampled.token)
+        top = tuple(TopLogprob(*piece(t), lp) for t, lp in sampled.top)
+        assert sampled.logprob is not None
+        return TokenLogprob(text, raw, sampled.logprob, top)

@@ -20,6 +20,18 @@ FinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """A constraint on the generated text, as an llguidance grammar (built by zinc.engine.grammars).
+
+    `kind` names what it was made from ("json_object", "json_schema", "tool_call"), for messages.
+    Generation ends (finish "stop") as soon as the grammar is complete.
+    """
+
+    source: str
+    kind: str = "grammar"
+
+
+@dataclass(frozen=True)
 class GenerationRequest:
     """One generation: prompt token ids in, at most `max_tokens` new tokens out."""
 
@@ -29,6 +41,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     stop: Sequence[str] = ()  # text stop sequences; never leaked into the output
     stop_on_eog: bool = True  # stop at the model's end-of-generation tokens
+    logprobs: int | None = None  # None: none; n >= 0: each token's logprob and the n most likely
+    grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
 
 
 @dataclass(frozen=True)
@@ -42,16 +56,37 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    """One candidate token: its text (partial UTF-8 shown as U+FFFD), raw bytes and log-probability."""
+
+    token: str
+    bytes: bytes
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model and the most likely alternatives."""
+
+    token: str
+    bytes: bytes
+    logprob: float
+    top_logprobs: Sequence[TopLogprob] = ()
+
+
+@dataclass(frozen=True)
 class TextDelta:
     """A piece of generated text (may be empty while a stop sequence is being held back).
 
     `finish_reason` is set on the last event of a generation, together with `usage`.
+    `logprobs` has one entry per token in `token_ids` when the request asked for logprobs.
     """
 
     text: str
     token_ids: Sequence[int] = ()
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
+    logprobs: Sequence[TokenLogprob] = ()
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,10 @@ handler task (client gone, during prefill, mid-stream or while waiting for a who
 reaches the engine's abort. The first event is awaited before any response head is sent, so
 errors the engine raises before yielding (context length, queue full) are ordinary JSON errors;
 once SSE headers are out, an error becomes a final `data: {"error": ...}` event.
-Imports: zinc.engine.types, zinc.errors, zinc.server.*, orjson, the stdlib.
+Chat requests render their active `tools` through the template, and their output goes through
+an `OutputParser` (reasoning split, tool calls; finish reason "tool_calls" when a call was
+made); a forced `tool_choice` or a `response_format` becomes the request's grammar.
+Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ from contextlib import asynccontextmanager
 
 import orjson
 
-from zinc.engine.types import Engine, GenerationRequest, TextDelta, Usage
+from zinc.engine.manager import EngineManager
+from zinc.engine.reasoning import prompt_opens_thinking
+from zinc.engine.types import Engine, GenerationRequest, Grammar, TextDelta, Usage
 from zinc.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -28,6 +33,7 @@ from zinc.errors import (
     QueueFullError,
     ZincError,
 )
+from zinc.server.chat_output import OutputParser
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import describe
 from zinc.server.exchange import Exchange, HttpRequest
@@ -36,6 +42,7 @@ from zinc.server.openai_response import (
     SSE_DONE,
     SSE_HEADERS,
     ChatShape,
+    Output,
     TextShape,
     model_card,
     sse_event,
@@ -97,19 +104,23 @@ class OpenAIApi:
 
     async def chat_completions(self, request: HttpRequest, exchange: Exchange) -> None:
         params = parse_chat(decode_json(await exchange.body()))
-        shape = ChatShape(self._model(params.common.model))
-        prompt = self._engine.apply_chat_template(
-            list(params.messages), add_generation_prompt=True, **params.template_kwargs
-        )
+        shape = ChatShape(await self._select(params.common.model))
+        tools = params.tools
+        kwargs = dict(params.template_kwargs)
+        if tools.active:
+            kwargs["tools"] = [dict(t) for t in tools.tools]
+        prompt = self._engine.apply_chat_template(list(params.messages), add_generation_prompt=True, **kwargs)
         ids = self._engine.tokenize(prompt, add_special=True, parse_special=True)
-        await self._generate(exchange, shape, params.common, ids, "messages")
+        parser = OutputParser(reasoning=True, thinking_open=prompt_opens_thinking(prompt), tools=tools.active)
+        grammar = tools.grammar() or params.common.grammar
+        await self._generate(exchange, shape, params.common, ids, "messages", parser, grammar)
 
     async def completions(self, request: HttpRequest, exchange: Exchange) -> None:
         params = parse_completion(decode_json(await exchange.body()))
-        shape = TextShape(self._model(params.common.model))
+        shape = TextShape(await self._select(params.common.model))
         prompt = params.prompt
         ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        await self._generate(exchange, shape, params.common, ids, "prompt")
+        await self._generate(exchange, shape, params.common, ids, "prompt", OutputParser(), params.common.grammar)
 
     async def models(self, request: HttpRequest, exchange: Exchange) -> None:
         context = self._engine.context_length
@@ -141,6 +152,12 @@ class OpenAIApi:
 
     # ---- generation
 
+    async def _select(self, requested: str | None) -> str:
+        """The model that answers: an `EngineManager` may switch to an installed one first."""
+        if isinstance(self._engine, EngineManager):
+            return await self._engine.select_model(requested)
+        return self._model(requested)
+
     def _model(self, requested: str | None) -> str:
         served = self._engine.model_id
         if requested is not None and requested != served:
@@ -150,7 +167,14 @@ class OpenAIApi:
         return served
 
     async def _generate(
-        self, exchange: Exchange, shape: Shape, common: CommonParams, prompt_ids: Sequence[int], param: str
+        self,
+        exchange: Exchange,
+        shape: Shape,
+        common: CommonParams,
+        prompt_ids: Sequence[int],
+        param: str,
+        parser: OutputParser,
+        grammar: Grammar | None,
     ) -> None:
         context = self._engine.context_length
         if not prompt_ids:
@@ -165,13 +189,15 @@ class OpenAIApi:
             max_tokens=min(common.max_tokens, context - len(prompt_ids)),
             sampling=common.sampling,
             stop=common.stop,
+            logprobs=common.logprobs,
+            grammar=grammar,
         )
         async with self._admission.slot(), closing(self._engine.generate(request)) as events:
             first = await anext(events, None)  # engine errors before the first token: plain JSON
             if common.stream:
-                await self._stream(exchange, shape, common, request, events, first)
+                await self._stream(exchange, shape, common, request, events, first, parser)
             else:
-                await self._whole(exchange, shape, request, events, first)
+                await self._whole(exchange, shape, request, events, first, parser)
 
     async def _whole(
         self,
@@ -180,18 +206,23 @@ class OpenAIApi:
         request: GenerationRequest,
         events: AsyncIterator[TextDelta],
         event: TextDelta | None,
+        parser: OutputParser,
     ) -> None:
-        texts: list[str] = []
+        output = Output()
         generated = 0
         while event is not None:
-            texts.append(event.text)
+            _extend(output, parser.feed(event.text, event.logprobs))
             generated += len(event.token_ids)
             if event.finish_reason is not None:
                 break
             event = await anext(events, None)
+        _extend(output, parser.finish())
         finish, usage = _ending(event, request, generated)
+        if parser.calls:
+            finish = "tool_calls"
         exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
-        await exchange.respond_json(200, orjson.dumps(shape.whole("".join(texts), finish, usage)))
+        body = shape.whole(output, finish, usage, calls=parser.calls, with_logprobs=request.logprobs is not None)
+        await exchange.respond_json(200, orjson.dumps(body))
 
     async def _stream(
         self,
@@ -201,7 +232,9 @@ class OpenAIApi:
         request: GenerationRequest,
         events: AsyncIterator[TextDelta],
         event: TextDelta | None,
+        parser: OutputParser,
     ) -> None:
+        with_logprobs = request.logprobs is not None
         await exchange.start_stream(200, SSE_HEADERS)
         try:
             first = shape.first_chunk()
@@ -210,12 +243,18 @@ class OpenAIApi:
             generated = 0
             while event is not None:
                 generated += len(event.token_ids)
-                if event.text:
-                    await exchange.send(sse_event(shape.delta_chunk(event.text)))
+                output = parser.feed(event.text, event.logprobs)
+                if output:
+                    await exchange.send(sse_event(shape.delta_chunk(output, with_logprobs=with_logprobs)))
                 if event.finish_reason is not None:
                     break
                 event = await anext(events, None)
+            output = parser.finish()
+            if output:
+                await exchange.send(sse_event(shape.delta_chunk(output, with_logprobs=with_logprobs)))
             finish, usage = _ending(event, request, generated)
+            if parser.calls:
+                finish = "tool_calls"
             exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
             await exchange.send(sse_event(shape.final_chunk(finish)))
             if common.include_usage:
@@ -236,3 +275,10 @@ def _ending(last: TextDelta | None, request: GenerationRequest, generated: int) 
     if last is not None and last.finish_reason is not None:
         return last.finish_reason, usage
     return ("length" if usage.completion_tokens >= request.max_tokens else "stop"), usage
+
+
+def _extend(output: Output, more: Output) -> None:
+    output.content += more.content
+    output.reasoning += more.reasoning
+    output.tool_calls.extend(more.tool_calls)
+    output.logprobs.extend(more.logprobs)

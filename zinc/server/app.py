@@ -3,8 +3,10 @@
 Owns: `start_server()` (listen on host:port, port 0 picks a free one) returning a `Server` handle
 whose `close()` stops accepting, closes idle connections, lets responses in progress finish within
 `graceful_shutdown_timeout_s`, then cancels them (which aborts their generations); and `serve()`,
-which runs all that under uvloop until SIGINT or SIGTERM.
-Imports: zinc.engine.types, zinc.server.{config, api, routes, http11}, uvloop, the stdlib.
+which runs all that under uvloop until SIGINT or SIGTERM (loading the first model in the
+background when asked to). Every server talks to an `EngineManager` and has metrics.
+Imports: zinc.engine.{types, manager}, zinc.server.{config, api, routes, extra_routes, metrics,
+http11}, uvloop, the stdlib.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from types import TracebackType
 
 import uvloop
 
+from zinc.engine.manager import EngineManager
 from zinc.engine.types import Engine
 from zinc.server.api import OpenAIApi
 from zinc.server.config import ServerConfig
+from zinc.server.extra_routes import PUBLIC, extra_routes
 from zinc.server.http11 import HttpProtocol
+from zinc.server.metrics import ServerMetrics
 from zinc.server.routes import COMMON_HEADERS, Router
 
 log = logging.getLogger("zinc.server")
@@ -80,13 +85,21 @@ class Server:
         await self.close()
 
 
-async def start_server(engine: Engine, config: ServerConfig) -> Server:
-    """Listen on `config.host:config.port` and serve the OpenAI API over `engine`."""
+async def start_server(engine: Engine | EngineManager, config: ServerConfig) -> Server:
+    """Listen on `config.host:config.port` and serve the OpenAI API over `engine`.
+
+    A plain `Engine` is wrapped in an `EngineManager` without a loader or catalog (one fixed model).
+    """
     loop = asyncio.get_running_loop()
     connections: set[HttpProtocol] = set()
-    router = Router(OpenAIApi(engine, config), config.api_key)
+    manager = engine if isinstance(engine, EngineManager) else EngineManager(engine)
+    api = OpenAIApi(manager, config)
+    metrics = ServerMetrics(manager, lambda: api.admission.waiting)
+    manager.observers.append(metrics)
+    router = Router(api, config.api_key, extra_routes(manager, api, config, metrics), PUBLIC)
+    handler = metrics.instrument(router, router.paths)
     server = await loop.create_server(
-        lambda: HttpProtocol(router, config, COMMON_HEADERS, connections),
+        lambda: HttpProtocol(handler, config, COMMON_HEADERS, connections),
         config.host,
         config.port,
         reuse_address=True,
@@ -94,23 +107,47 @@ async def start_server(engine: Engine, config: ServerConfig) -> Server:
     return Server(server, connections, config)
 
 
-def serve(engine: Engine, config: ServerConfig) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully."""
-    uvloop.run(_serve_until_signalled(engine, config))
+def serve(engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully.
+
+    With `initial_model`, the server listens at once (`/health` answers 503 "loading") while the
+    manager loads that model; if loading fails, the server stops and the error is raised.
+    """
+    uvloop.run(_serve_until_signalled(engine, config, initial_model))
 
 
-async def _serve_until_signalled(engine: Engine, config: ServerConfig) -> None:
+async def _serve_until_signalled(engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM)
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
+    failure: list[BaseException] = []
+    loading: asyncio.Future[None] | None = None
+
+    async def load_first(manager: EngineManager, model: str) -> None:
+        try:
+            await manager.activate(model)
+        except Exception as exc:
+            failure.append(exc)
+            stop.set()
+            return
+        log.info("serving %s on http://%s:%d", manager.model_id, config.host, server.port)
+
     try:
         async with await start_server(engine, config) as server:
-            log.info("serving %s on http://%s:%d", engine.model_id, config.host, server.port)
+            if initial_model is not None and isinstance(engine, EngineManager):
+                log.info("listening on http://%s:%d; loading %s", config.host, server.port, initial_model)
+                loading = asyncio.ensure_future(load_first(engine, initial_model))
+            else:
+                log.info("serving %s on http://%s:%d", engine.model_id, config.host, server.port)
             await stop.wait()
+            if loading is not None and not loading.done():
+                loading.cancel()
             log.info("shutting down")
     finally:
         for sig in signals:
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
+    if failure:
+        raise failure[0]

@@ -5,21 +5,30 @@ Owns: decoding a JSON body, checking each field's type (a wrong one is a 400
 /v1/completions. Sampling ranges are clamped, not refused (temperature 0..2, top_p and min_p
 0..1, presence/frequency penalties -2..2, logit_bias -100..100); values with no meaning (a
 non-positive repeat penalty, n other than 1, more than 4 stop sequences) are refused. A negative
-seed (llama.cpp's -1) means no fixed seed.
-Imports: zinc.engine.types, zinc.errors, orjson, the stdlib.
+seed (llama.cpp's -1) means no fixed seed. Tools, `response_format` and logprobs are parsed by
+zinc.server.openai_features.
+Imports: zinc.engine.types, zinc.errors, zinc.server.openai_features, orjson, the stdlib.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
 
-from zinc.engine.types import SamplingParams
+from zinc.engine.types import Grammar, SamplingParams
 from zinc.errors import InvalidRequestError
+from zinc.server.openai_features import (
+    ToolParams,
+    check_tool_history,
+    parse_chat_logprobs,
+    parse_completion_logprobs,
+    parse_response_format,
+    parse_tools,
+)
 
 DEFAULT_MAX_TOKENS = 256
 MAX_STOP_SEQUENCES = 4
@@ -38,6 +47,8 @@ class CommonParams:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    grammar: Grammar | None = None  # response_format as a constraint
+    logprobs: int | None = None  # None: none; n: each token's logprob and n alternatives
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class ChatParams:
     common: CommonParams
     messages: tuple[Json, ...]  # content normalized to a string
     template_kwargs: Json
+    tools: ToolParams = field(default_factory=ToolParams)
 
 
 @dataclass(frozen=True)
@@ -74,11 +86,15 @@ def parse_chat(payload: Json) -> ChatParams:
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("'messages' must be a non-empty array.", param="messages")
     normalized = tuple(_parse_message(i, m) for i, m in enumerate(messages))
-    tools = payload.get("tools")
-    if tools and payload.get("tool_choice") != "none":
-        raise InvalidRequestError("Tool calling is not supported by this server yet.", param="tools")
-    _refuse_if(payload, "logprobs", lambda v: v is not None and v is not False)
+    tools = parse_tools(payload)
+    common = replace(common, logprobs=parse_chat_logprobs(payload))
+    if tools.grammar() is not None and common.grammar is not None:
+        raise InvalidRequestError("'response_format' cannot be combined with a forced 'tool_choice'.",
+                                  param="response_format")
     kwargs: Json = dict(_typed(payload, "chat_template_kwargs", dict, {}))
+    if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
+        raise InvalidRequestError("'chat_template_kwargs.enable_thinking' must be a boolean.",
+                                  param="chat_template_kwargs.enable_thinking")
     if RESERVED_TEMPLATE_KWARGS & kwargs.keys():
         reserved = ", ".join(sorted(RESERVED_TEMPLATE_KWARGS))
         raise InvalidRequestError(
@@ -88,12 +104,14 @@ def parse_chat(payload: Json) -> ChatParams:
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
     _typed(payload, "session_id", str, None)  # accepted for compatibility; prompt reuse is the engine's
-    return ChatParams(common, normalized, kwargs)
+    return ChatParams(common, normalized, kwargs, tools)
 
 
 def parse_completion(payload: Json) -> CompletionParams:
     common = _parse_common(payload)
-    _refuse_if(payload, "logprobs", lambda v: v is not None and v is not False and v != 0)
+    if payload.get("logprobs") is False:
+        payload = {**payload, "logprobs": None}
+    common = replace(common, logprobs=parse_completion_logprobs(payload))
     _refuse_if(payload, "echo", lambda v: v is not None and v is not False)
     _refuse_if(payload, "suffix", lambda v: v is not None and v != "")
     _refuse_if(payload, "best_of", lambda v: v is not None and v != 1)
@@ -103,11 +121,6 @@ def parse_completion(payload: Json) -> CompletionParams:
 def _parse_common(payload: Json) -> CommonParams:
     model = _typed(payload, "model", str, None) or None
     _refuse_if(payload, "n", lambda v: v is not None and v != 1)
-    response_format = _typed(payload, "response_format", dict, None)
-    if response_format is not None and response_format.get("type", "text") != "text":
-        raise InvalidRequestError(
-            "Only response_format {'type': 'text'} is supported.", param="response_format"
-        )
     max_tokens = _integer(payload, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _integer(payload, "max_tokens")
@@ -124,7 +137,8 @@ def _parse_common(payload: Json) -> CommonParams:
     if not isinstance(include_usage, bool):
         raise InvalidRequestError("'include_usage' must be a boolean.", param="stream_options.include_usage")
     return CommonParams(
-        model, max_tokens, _parse_sampling(payload), _parse_stop(payload), stream, include_usage
+        model, max_tokens, _parse_sampling(payload), _parse_stop(payload), stream, include_usage,
+        grammar=parse_response_format(payload),
     )
 
 
@@ -186,6 +200,7 @@ def _parse_message(index: int, message: Any) -> Json:
     if not isinstance(role, str) or role not in CHAT_ROLES:
         allowed = ", ".join(sorted(CHAT_ROLES))
         raise InvalidRequestError(f"'{where}.role' must be one of {allowed}.", param=f"{where}.role")
+    check_tool_history(index, message)
     return {**message, "content": _parse_content(where, message.get("content"))}
 
 

@@ -3,19 +3,25 @@
 Owns: the JSON shapes of chat (`chat.completion`, `chat.completion.chunk`) and text
 (`text_completion`) responses, whole and streamed, with `usage`; and SSE framing (one
 `data: {...}\\n\\n` per event, `data: [DONE]` at the end). `ChatShape` and `TextShape` share one
-interface so the generation code does not branch on the endpoint.
-Imports: zinc.engine.types, orjson, the stdlib.
+interface so the generation code does not branch on the endpoint: both take an `Output` (content,
+and for chat `reasoning_content` and `tool_calls` deltas) and the tokens' logprobs, in OpenAI's
+shapes (chat: `logprobs.content[]` with `token`, `logprob`, `bytes`, `top_logprobs`; text:
+`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+Imports: zinc.engine (types, tool_calls), orjson, the stdlib.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from zinc.engine.types import Usage
+from zinc.engine.tool_calls import ToolCall, ToolCallDelta
+from zinc.engine.types import TokenLogprob, TopLogprob, Usage
 
 Json = dict[str, Any]
 
@@ -39,6 +45,48 @@ def usage_json(usage: Usage) -> Json:
     }
 
 
+@dataclass
+class Output:
+    """What one generation (or one streamed piece of it) says, endpoint-neutral.
+
+    Text completions use `content` only; chat may also carry reasoning and tool calls.
+    """
+
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.content or self.reasoning or self.tool_calls or self.logprobs)
+
+
+def _top_json(t: TopLogprob | TokenLogprob) -> Json:
+    return {"token": t.token, "logprob": t.logprob, "bytes": list(t.bytes)}
+
+
+def chat_logprobs_json(logprobs: Sequence[TokenLogprob]) -> Json:
+    """OpenAI's chat `logprobs`: one entry per token with its top alternatives."""
+    content = [{**_top_json(t), "top_logprobs": [_top_json(a) for a in t.top_logprobs]} for t in logprobs]
+    return {"content": content, "refusal": None}
+
+
+def _merge_tool_deltas(deltas: Sequence[ToolCallDelta]) -> list[Json]:
+    """Consecutive deltas of one call merged; the first of a call carries id, type and name."""
+    out: list[Json] = []
+    for d in deltas:
+        if out and out[-1]["index"] == d.index and d.id is None:
+            out[-1]["function"]["arguments"] += d.arguments
+            continue
+        item: Json = {"index": d.index}
+        if d.id is not None:
+            item.update(id=d.id, type="function", function={"name": d.name, "arguments": d.arguments})
+        else:
+            item["function"] = {"arguments": d.arguments}
+        out.append(item)
+    return out
+
+
 class _Shape:
     """Common fields of one response: id, creation time and model."""
 
@@ -54,11 +102,14 @@ class _Shape:
     def _head(self, obj: str) -> Json:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, text: str, finish_reason: str, usage: Usage) -> Json:
+    def whole(self, output: Output | str, finish_reason: str, usage: Usage, *,
+              calls: Sequence[ToolCall] = (), with_logprobs: bool = False) -> Json:
         """The non-streaming response."""
+        if isinstance(output, str):
+            output = Output(output)
         return {
             **self._head(self.whole_object),
-            "choices": [self._choice(text, finish_reason)],
+            "choices": [self._choice(output, finish_reason, calls, with_logprobs)],
             "usage": usage_json(usage),
         }
 
@@ -70,16 +121,18 @@ class _Shape:
         """A chunk sent before any text (the chat role), or None."""
         return None
 
-    def delta_chunk(self, text: str) -> Json:
-        return {**self._head(self.chunk_object), "choices": [self._delta(text, None)]}
+    def delta_chunk(self, output: Output | str, *, with_logprobs: bool = False) -> Json:
+        if isinstance(output, str):
+            output = Output(output)
+        return {**self._head(self.chunk_object), "choices": [self._delta(output, None, with_logprobs)]}
 
     def final_chunk(self, finish_reason: str) -> Json:
-        return {**self._head(self.chunk_object), "choices": [self._delta(None, finish_reason)]}
+        return {**self._head(self.chunk_object), "choices": [self._delta(None, finish_reason, False)]}
 
-    def _choice(self, text: str, finish_reason: str) -> Json:
+    def _choice(self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool) -> Json:
         raise NotImplementedError
 
-    def _delta(self, text: str | None, finish_reason: str | None) -> Json:
+    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
         raise NotImplementedError
 
 
@@ -92,13 +145,30 @@ class ChatShape(_Shape):
         role = {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         return {**self._head(self.chunk_object), "choices": [role]}
 
-    def _choice(self, text: str, finish_reason: str) -> Json:
-        message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+    def _choice(self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool) -> Json:
+        message: Json = {"role": "assistant", "content": output.content}
+        if output.reasoning:
+            message["reasoning_content"] = output.reasoning
+        if calls:
+            message["content"] = output.content if output.content.strip() else None
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in calls
+            ]
+        logprobs = chat_logprobs_json(output.logprobs) if with_logprobs else None
+        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _delta(self, text: str | None, finish_reason: str | None) -> Json:
-        delta = {} if text is None else {"content": text}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
+        delta: Json = {}
+        if output is not None:
+            if output.reasoning:
+                delta["reasoning_content"] = output.reasoning
+            if output.content:
+                delta["content"] = output.content
+            if output.tool_calls:
+                delta["tool_calls"] = _merge_tool_deltas(output.tool_calls)
+        logprobs = chat_logprobs_json(output.logprobs) if with_logprobs and output is not None else None
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class TextShape(_Shape):
@@ -106,11 +176,30 @@ class TextShape(_Shape):
     whole_object = "text_completion"
     chunk_object = "text_completion"
 
-    def _choice(self, text: str, finish_reason: str) -> Json:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self._offset = 0  # characters of completion text before the next token (text_offset)
 
-    def _delta(self, text: str | None, finish_reason: str | None) -> Json:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+    def _logprobs(self, logprobs: Sequence[TokenLogprob]) -> Json:
+        offsets = []
+        for t in logprobs:
+            offsets.append(self._offset)
+            self._offset += len(t.token)
+        return {
+            "tokens": [t.token for t in logprobs],
+            "token_logprobs": [t.logprob for t in logprobs],
+            "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in logprobs],
+            "text_offset": offsets,
+        }
+
+    def _choice(self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool) -> Json:
+        logprobs = self._logprobs(output.logprobs) if with_logprobs else None
+        return {"index": 0, "text": output.content, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
+        text = output.content if output is not None else ""
+        logprobs = self._logprobs(output.logprobs) if with_logprobs and output is not None else None
+        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def model_card(model_id: str, created: int, context_length: int) -> Json:

@@ -5,7 +5,8 @@ headers), the headers every response carries (`Access-Control-Allow-Origin: *`),
 authentication compared with `hmac.compare_digest` (401; `/health` and preflights stay public),
 404/405 in the OpenAI envelope, and turning any exception a handler raises before its response
 started into that envelope: a `ZincError` keeps its status and message, anything else is a 500
-with a generic message while the traceback goes to the log.
+with a generic message while the traceback goes to the log. Extra routes and public paths
+(model management, operator endpoints, the chat UI) are merged in from zinc.server.extra_routes.
 Imports: zinc.errors, zinc.server.{api, error_table, exchange}, the stdlib.
 """
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 
 from zinc.errors import AuthenticationError, ZincError
 from zinc.server.api import OpenAIApi
@@ -33,8 +34,15 @@ PUBLIC_PATHS = frozenset({"/health"})
 class Router:
     """The handler the HTTP protocol calls for every request."""
 
-    def __init__(self, api: OpenAIApi, api_key: str | None) -> None:
+    def __init__(
+        self,
+        api: OpenAIApi,
+        api_key: str | None,
+        extra: Mapping[str, Mapping[str, Route]] | None = None,
+        public: Collection[str] = (),
+    ) -> None:
         self._api_key = api_key.encode() if api_key is not None else None
+        self._public = PUBLIC_PATHS | frozenset(public)
         chat: dict[str, Route] = {"POST": api.chat_completions}
         text: dict[str, Route] = {"POST": api.completions}
         models: dict[str, Route] = {"GET": api.models}
@@ -47,6 +55,12 @@ class Router:
             "/models": models,
             "/health": {"GET": api.health},
         }
+        for path, methods in (extra or {}).items():  # extra routes (zinc.server.extra_routes) win
+            self._routes[path] = dict(methods)
+
+    @property
+    def paths(self) -> frozenset[str]:
+        return frozenset(self._routes)
 
     async def __call__(self, request: HttpRequest, exchange: Exchange) -> None:
         try:
@@ -77,7 +91,7 @@ class Router:
                 f"Method {request.method} is not allowed for {request.path}; use {', '.join(allowed)}.",
                 allowed,
             )
-        if request.path not in PUBLIC_PATHS:
+        if request.path not in self._public:
             self._authenticate(request)
         await route(request, exchange)
 

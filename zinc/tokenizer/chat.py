@@ -14,11 +14,15 @@ Owns: `ChatTemplate` and `normalize_messages`.
   format, `<bos><start_of_turn>user\n...<end_of_turn>\n<start_of_turn>model\n`, with system
   text put before the first user message (as Gemma's own template does), `assistant` named
   `model` and contents trimmed; every other architecture gets ChatML,
-  `<|im_start|>role\n...<|im_end|>\n`. Fallbacks ignore `tools`.
+  `<|im_start|>role\n...<|im_end|>\n`.
+- Tools (zinc.tokenizer.tools): a template that renders `tools`, assistant `tool_calls` and `tool`
+  messages itself (Qwen's) gets them as they are; whatever a template cannot render (SmolLM2's,
+  the fallbacks) is turned into text first: the tool list into the system message in Qwen's
+  format, past calls into `<tool_call>` blocks, results into a user turn of `<tool_response>`s.
 Every failure is `InvalidRequestError` with a one-line message. `encode` renders and tokenizes
 the way llama.cpp's server does: special tokens in the text are parsed, and a BOS written by the
 template is dropped when the tokenizer adds one itself.
-Imports: jinja2, zinc.errors, zinc.tokenizer.tokenizer.
+Imports: jinja2, zinc.errors, zinc.tokenizer.tokenizer, zinc.tokenizer.tools.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from zinc.errors import InvalidRequestError
 from zinc.tokenizer.tokenizer import Tokenizer
+from zinc.tokenizer.tools import TemplateAbilities, prepare_tool_messages
 
 MAX_OUTPUT_CHARS = 16 * 1024 * 1024
 
@@ -164,6 +169,18 @@ class ChatTemplate:
         else:
             self.kind = "gemma" if architecture.startswith("gemma") else "chatml"
         self._compiled: jinja2.Template | None = None
+        self._abilities: TemplateAbilities | None = None
+
+    @property
+    def abilities(self) -> TemplateAbilities:
+        """Which tool parts the template renders by itself (none for the fallbacks)."""
+        if self._abilities is None:
+            if self.kind != "gguf":
+                self._abilities = TemplateAbilities()
+            else:
+                self._abilities = TemplateAbilities.probe(
+                    lambda messages, tools: self._render_gguf(messages, True, tools, None, {}))
+        return self._abilities
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], tokenizer: Tokenizer) -> ChatTemplate:
@@ -185,10 +202,17 @@ class ChatTemplate:
                **extra: Any) -> str:
         """The prompt text for `messages`; any template failure is `InvalidRequestError`."""
         msgs = normalize_messages(messages)
+        if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs):
+            msgs, tools = prepare_tool_messages(msgs, tools, self.abilities)
         if self.kind == "gemma":
             return _render_gemma(msgs, add_generation_prompt, self.bos_token)
         if self.kind == "chatml":
             return _render_chatml(msgs, add_generation_prompt)
+        return self._render_gguf(msgs, add_generation_prompt, tools, enable_thinking, extra)
+
+    def _render_gguf(self, msgs: list[dict[str, Any]], add_generation_prompt: bool,
+                     tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None,
+                     extra: Mapping[str, Any]) -> str:
         context: dict[str, Any] = dict(extra)
         context.update(messages=msgs, add_generation_prompt=add_generation_prompt,
                        tools=list(tools) if tools is not None else None,

@@ -1,0 +1,59 @@
+"""The routes beyond the core OpenAI ones: model management, operator endpoints and the chat UI.
+
+Owns: `extra_routes()`, the table the router merges over its own (same path: this one wins), and
+which of these paths are public. Every route that uses the model (chat, completions, tokenize,
+detokenize, apply-template) runs inside `EngineManager.scope()`, so a model swap waits for it and
+it never sees two models.
+Imports: zinc.engine.manager, zinc.server.{api, config, exchange, metrics, models_api,
+operator_api, routes, ui}, the stdlib.
+"""
+
+from __future__ import annotations
+
+from zinc.engine.manager import EngineManager
+from zinc.server.api import OpenAIApi
+from zinc.server.config import ServerConfig
+from zinc.server.exchange import Exchange, HttpRequest
+from zinc.server.metrics import ServerMetrics
+from zinc.server.models_api import ModelsApi
+from zinc.server.operator_api import OperatorApi
+from zinc.server.routes import Route
+from zinc.server.ui import chat_page
+
+RouteTable = dict[str, dict[str, Route]]
+PUBLIC = frozenset({"/", "/chat", "/health", "/v1/health"})
+
+
+def scoped(manager: EngineManager, route: Route) -> Route:
+    async def run(request: HttpRequest, exchange: Exchange) -> None:
+        async with manager.scope():
+            await route(request, exchange)
+
+    return run
+
+
+def extra_routes(
+    manager: EngineManager, api: OpenAIApi, config: ServerConfig, metrics: ServerMetrics
+) -> RouteTable:
+    models = ModelsApi(manager)
+    ops = OperatorApi(manager, api, config, metrics)
+    table: RouteTable = {
+        "/v1/chat/completions": {"POST": scoped(manager, api.chat_completions)},
+        "/v1/completions": {"POST": scoped(manager, api.completions)},
+        "/v1/models": {"GET": models.list},
+        "/v1/models/pull": {"POST": models.pull},
+        "/v1/models/activate": {"POST": models.activate},
+        "/v1/models/remove": {"POST": models.remove},
+        "/v1/health": {"GET": ops.health},
+        "/v1/metrics": {"GET": ops.metrics},
+        "/tokenize": {"POST": scoped(manager, ops.tokenize)},
+        "/detokenize": {"POST": scoped(manager, ops.detokenize)},
+        "/apply-template": {"POST": scoped(manager, ops.apply_template)},
+        "/props": {"GET": ops.props},
+        "/": {"GET": chat_page},
+        "/chat": {"GET": chat_page},
+    }
+    for path in list(table):  # the /v1-less aliases, as the core routes have them
+        if path.startswith("/v1/"):
+            table[path[3:]] = table[path]
+    return table

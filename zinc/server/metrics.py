@@ -1,0 +1,162 @@
+"""Prometheus metrics for `GET /metrics`, one registry per server.
+
+Owns: `ServerMetrics`: counters of HTTP requests (by method, route and status), prompt and
+generated tokens and finished generations (by finish reason: stop, length, aborted, error);
+histograms of time to first token (from the generate call, so queueing counts) and time per
+output token; and gauges read at scrape time: requests running and queued, the KV cache (bytes
+reserved and in use, tokens in use and capacity; paging will turn these into pages) and the
+loaded model. It observes generations as an `EngineManager` observer and requests by wrapping
+the router. Unknown paths are counted under route "other" so the label set stays small.
+Imports: zinc.engine.{manager, types}, zinc.server.exchange, prometheus_client, the stdlib.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from zinc.engine.manager import EngineManager, close_events
+from zinc.engine.types import GenerationRequest, TextDelta
+from zinc.server.exchange import Exchange, HttpRequest
+
+Handler = Callable[[HttpRequest, Exchange], Awaitable[None]]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class _StateCollector(Collector):
+    """Gauges computed from the engine's state when Prometheus scrapes."""
+
+    def __init__(self, manager: EngineManager, waiting: Callable[[], int]) -> None:
+        self._manager = manager
+        self._waiting = waiting
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._manager.stats()
+        yield GaugeMetricFamily(
+            "zinc_requests_running", "Generations running now.", value=stats.active_requests
+        )
+        yield GaugeMetricFamily(
+            "zinc_requests_queued",
+            "Requests waiting for a generation slot (queue depth).",
+            value=stats.queued_requests + self._waiting(),
+        )
+        in_use = stats.context_reserved_bytes * stats.context_tokens // max(1, stats.context_length)
+        yield GaugeMetricFamily(
+            "zinc_kv_cache_reserved_bytes", "KV cache bytes allocated on the device.",
+            value=stats.context_reserved_bytes,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "zinc_kv_cache_used_bytes", "KV cache bytes holding live positions.", value=in_use
+        )
+        yield GaugeMetricFamily(
+            "zinc_kv_cache_tokens", "KV cache positions in use.", value=stats.context_tokens
+        )
+        yield GaugeMetricFamily(
+            "zinc_kv_cache_capacity_tokens", "KV cache positions available.", value=stats.context_length
+        )
+        yield GaugeMetricFamily(
+            "zinc_model_weights_bytes", "Weight bytes of the loaded model.", value=stats.weights_bytes
+        )
+        loaded = GaugeMetricFamily("zinc_model_loaded", "1 for the model being served.", labels=["model"])
+        if self._manager.model_id:
+            loaded.add_metric([self._manager.model_id], 1)
+        yield loaded
+        yield GaugeMetricFamily(
+            "zinc_model_loading",
+            "1 while a model is being loaded.",
+            value=int(self._manager.loading is not None),
+        )
+
+
+class ServerMetrics:
+    """The server's metrics registry and the hooks that feed it."""
+
+    def __init__(self, manager: EngineManager, waiting: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "zinc_http_requests", "HTTP requests answered.", ["method", "route", "status"], registry=r
+        )
+        self.prompt_tokens = Counter(
+            "zinc_prompt_tokens", "Prompt tokens of started generations.", registry=r
+        )
+        self.generated_tokens = Counter("zinc_generated_tokens", "Tokens generated.", registry=r)
+        self.generations = Counter(
+            "zinc_generations", "Generations finished, by finish reason.", ["finish_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "zinc_time_to_first_token_seconds", "From the generate call to the first token.",
+            buckets=TTFT_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.tpot = Histogram(
+            "zinc_time_per_output_token_seconds",
+            "Time between generated tokens.",
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        r.register(_StateCollector(manager, waiting))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ---- generations (an EngineManager observer)
+
+    def observe(
+        self, request: GenerationRequest, events: AsyncIterator[TextDelta]
+    ) -> AsyncIterator[TextDelta]:
+        return self._observe(request, events)
+
+    async def _observe(
+        self, request: GenerationRequest, events: AsyncIterator[TextDelta]
+    ) -> AsyncIterator[TextDelta]:
+        start = last = time.perf_counter()
+        counted = 0
+        outcome = "aborted"
+        self.prompt_tokens.inc(len(request.prompt_ids))
+        try:
+            async for delta in events:
+                n = len(delta.token_ids)
+                if n:
+                    now = time.perf_counter()
+                    if counted == 0:
+                        self.ttft.observe(now - start)
+                    else:
+                        for _ in range(n):
+                            self.tpot.observe((now - last) / n)
+                    last = now
+                    counted += n
+                    self.generated_tokens.inc(n)
+                if delta.finish_reason is not None:
+                    outcome = delta.finish_reason
+                    if delta.usage is not None and delta.usage.completion_tokens > counted:
+                        self.generated_tokens.inc(delta.usage.completion_tokens - counted)
+                yield delta
+        except Exception:
+            outcome = "error"
+            raise
+        finally:
+            self.generations.labels(outcome).inc()
+            await close_events(events)
+
+    # ---- requests (wrapping the router)
+
+    def instrument(self, handler: Handler, routes: Collection[str]) -> Handler:
+        known = frozenset(routes)
+
+        async def counted(request: HttpRequest, exchange: Exchange) -> None:
+            try:
+                await handler(request, exchange)
+            finally:
+                route = request.path if request.path in known else "other"
+                status = str(exchange.status) if exchange.status is not None else "none"
+                self.requests.labels(request.method, route, status).inc()
+
+        return counted
