@@ -70,7 +70,7 @@ class ModelSession:
         self._decode = self.module.fn("decode")
         self._kv_write = self.module.fn("kv_write")
         shape = (hp.block_count, 2, self.context_length, hp.head_count_kv, hp.key_length)
-        self.cache = self.module.to_device(np.zeros(shape, np.float32))  # [L, 2, S, Hkv, hd]
+        self.cache = self.module.empty_f32(shape)  # [L, 2, S, Hkv, hd]; rows [0, pos) are ever read
 
     @property
     def vocab_size(self) -> int:
