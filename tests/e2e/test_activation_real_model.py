@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import DEVICES
 from tests.serving import ServerThread
 from zinc.catalog.registry import CatalogRegistry
-from zinc.compiler.build import ensure_artifact
 from zinc.cli_models import CliLoader
+from zinc.compiler.build import ensure_artifact
 from zinc.engine.manager import EngineManager
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

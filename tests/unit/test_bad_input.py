@@ -61,15 +61,16 @@ def test_unknown_architecture(tmp_path: Path) -> None:
         describe(open_gguf(_write(tmp_path / "m.gguf", "mamba")))
 
 
-def test_unsupported_quant_type(tmp_path: Path) -> None:
+@pytest.mark.parametrize("qtype", ["MXFP4", "BF16"])  # no kernel; a kernel but IREE cannot index the file
+def test_unsupported_quant_type(tmp_path: Path, qtype: str) -> None:
     from fixtures.make_fixtures import TinyLlama, write_fixture
     from zinc.compiler.build import plan
 
-    spec = TinyLlama("tiny-q5", {"embd": "Q8_0", "attn": "Q5_0", "ffn": "Q8_0", "output": "Q8_0"})
-    path = write_fixture(spec, tmp_path / "q5.gguf")
-    assert describe(open_gguf(path)).tensor_types["blk.0.attn_q.weight"] == "Q5_0"  # a valid model...
-    with pytest.raises(UnsupportedModelError, match=r"blk\.0\.attn_q\.weight has quant type Q5_0"):
-        plan(path, "cpu")  # ...that zinc cannot compile yet
+    spec = TinyLlama("tiny-unsupported", {"embd": "Q8_0", "attn": qtype, "ffn": "Q8_0", "output": "Q8_0"})
+    path = write_fixture(spec, tmp_path / "unsupported.gguf")
+    assert describe(open_gguf(path)).tensor_types["blk.0.attn_q.weight"] == qtype  # a valid model...
+    with pytest.raises(UnsupportedModelError, match=rf"blk\.0\.attn_q\.weight has quant type {qtype}"):
+        plan(path, "cpu")  # ...that zinc cannot compile (or load) yet
 
 
 def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:

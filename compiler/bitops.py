@@ -1,0 +1,171 @@
+"""MLIR fragments that decode packed GGUF fields with integer ops only.
+
+Owns: the text snippets that kernels and gathers splice into `linalg.generic` bodies: f16 and bf16
+values assembled from i8 bytes (`f16_to_f32`, `f16_bits_to_f32`, `bf16_to_f32`) and the 6-bit
+sub-block scale/min unpacking of the K-quants (`kquant_scale`). Everything is built from i8 bytes
+with extui/shli/ori/andi, never from an f16 or i16 bitcast: IREE's default Vulkan target emulates
+f16 and misreads i16 tensor elements, so these integer forms are the ones correct everywhere.
+Imports: nothing from zinc (a leaf).
+"""
+
+from __future__ import annotations
+
+INDENT = "      "
+
+
+def indented(lines: list[str], indent: str = INDENT) -> str:
+    return "\n".join(indent + ln for ln in lines)
+
+
+def f16_to_f32(lo: str, hi: str, out: str, indent: str = INDENT) -> str:
+    """MLIR lines decoding an f16 given as two i8 SSA values (little-endian) into f32 `%out`:
+    bits = lo | hi << 8, then `f16_bits_to_f32`."""
+    p = out.lstrip("%")
+    lines = [
+        f"%{p}_l = arith.extui {lo} : i8 to i32",
+        f"%{p}_h = arith.extui {hi} : i8 to i32",
+        f"%{p}_c8 = arith.constant 8 : i32",
+        f"%{p}_hs = arith.shli %{p}_h, %{p}_c8 : i32",
+        f"%{p}_b = arith.ori %{p}_l, %{p}_hs : i32",
+    ]
+    return indented(lines, indent) + "\n" + f16_bits_to_f32(f"%{p}_b", out, indent)
+
+
+def f16_bits_to_f32(bits: str, out: str, indent: str = INDENT) -> str:
+    """MLIR lines decoding f16 bits held in the low 16 bits of i32 `bits` into f32 `out`.
+
+    Normal halves: as_f32(((bits & 0x7fff) << 13) + (112 << 23)) rebiases the exponent; subnormal
+    halves (exponent 0, common for Q6_K/Q4_K super-block scales): uitofp(bits & 0x3ff) * 2^-24.
+    Never goes through an f32 denormal, which llvm-cpu and Vulkan flush to zero. Exact for every
+    finite half; inf/nan are not expected in scales.
+    """
+    p = out.lstrip("%")
+    lines = [
+        f"%{p}_m7 = arith.constant 32767 : i32",
+        f"%{p}_em = arith.andi {bits}, %{p}_m7 : i32",
+        f"%{p}_c13 = arith.constant 13 : i32",
+        f"%{p}_e2 = arith.shli %{p}_em, %{p}_c13 : i32",
+        f"%{p}_bias = arith.constant 939524096 : i32",
+        f"%{p}_nb = arith.addi %{p}_e2, %{p}_bias : i32",
+        f"%{p}_nf = arith.bitcast %{p}_nb : i32 to f32",
+        f"%{p}_m10 = arith.constant 1023 : i32",
+        f"%{p}_man = arith.andi {bits}, %{p}_m10 : i32",
+        f"%{p}_mf = arith.uitofp %{p}_man : i32 to f32",
+        f"%{p}_k = arith.constant 0x33800000 : f32",
+        f"%{p}_sf = arith.mulf %{p}_mf, %{p}_k : f32",
+        f"%{p}_ex = arith.constant 31744 : i32",
+        f"%{p}_eb = arith.andi {bits}, %{p}_ex : i32",
+        f"%{p}_z = arith.constant 0 : i32",
+        f"%{p}_sub = arith.cmpi eq, %{p}_eb, %{p}_z : i32",
+        f"%{p}_mag = arith.select %{p}_sub, %{p}_sf, %{p}_nf : f32",
+        f"%{p}_mi = arith.bitcast %{p}_mag : f32 to i32",
+        f"%{p}_ms = arith.constant 32768 : i32",
+        f"%{p}_sg = arith.andi {bits}, %{p}_ms : i32",
+        f"%{p}_c16 = arith.constant 16 : i32",
+        f"%{p}_s2 = arith.shli %{p}_sg, %{p}_c16 : i32",
+        f"%{p}_or = arith.ori %{p}_mi, %{p}_s2 : i32",
+        f"{out} = arith.bitcast %{p}_or : i32 to f32",
+    ]
+    return indented(lines, indent)
+
+
+def bf16_to_f32(lo: str, hi: str, out: str, indent: str = INDENT) -> str:
+    """MLIR lines decoding a bf16 given as two i8 SSA values (little-endian): f32 bits = hi << 24 | lo << 16."""
+    p = out.lstrip("%")
+    lines = [
+        f"%{p}_l = arith.extui {lo} : i8 to i32",
+        f"%{p}_h = arith.extui {hi} : i8 to i32",
+        f"%{p}_c16 = arith.constant 16 : i32",
+        f"%{p}_c24 = arith.constant 24 : i32",
+        f"%{p}_ls = arith.shli %{p}_l, %{p}_c16 : i32",
+        f"%{p}_hs = arith.shli %{p}_h, %{p}_c24 : i32",
+        f"%{p}_b = arith.ori %{p}_ls, %{p}_hs : i32",
+        f"{out} = arith.bitcast %{p}_b : i32 to f32",
+    ]
+    return indented(lines, indent)
+
+
+def kquant_scale(upper: str, indent: str = INDENT) -> str:
+    """MLIR lines unpacking one Q4_K/Q5_K sub-block's 6-bit scale and min, times d and dmin.
+
+    The 12 scale bytes are three rows of four, A (bytes 0-3), B (4-7) and C (8-11); sub-block
+    s = 4u + i (u in {0, 1}, i < 4) reads A[i], B[i], C[i], given here as i8 values `%ka`, `%kb`,
+    `%kc`, with the i1 `upper` = (u == 1):
+      u = 0: sc = A & 63,                  m = B & 63
+      u = 1: sc = (C & 15) | (A >> 6) << 4, m = (C >> 4) | (B >> 6) << 4
+    Defines f32 `%ds` = d * sc and `%dm` = dmin * m from the f32 `%d` and `%m` (dmin). The bytes
+    are widened with extui first: on Vulkan an i8 `shrui` whose result is not masked back to the
+    low bits gives wrong values (i8 is emulated in wider registers).
+    """
+    lines = [
+        "%ks_a = arith.extui %ka : i8 to i32",
+        "%ks_b = arith.extui %kb : i8 to i32",
+        "%ks_c = arith.extui %kc : i8 to i32",
+        "%ks_c63 = arith.constant 63 : i32",
+        "%ks_c15 = arith.constant 15 : i32",
+        "%ks_c6 = arith.constant 6 : i32",
+        "%ks_c4 = arith.constant 4 : i32",
+        "%ks_sl = arith.andi %ks_a, %ks_c63 : i32",
+        "%ks_ml = arith.andi %ks_b, %ks_c63 : i32",
+        "%ks_a6 = arith.shrui %ks_a, %ks_c6 : i32",
+        "%ks_a4 = arith.shli %ks_a6, %ks_c4 : i32",
+        "%ks_cl = arith.andi %ks_c, %ks_c15 : i32",
+        "%ks_su = arith.ori %ks_cl, %ks_a4 : i32",
+        "%ks_b6 = arith.shrui %ks_b, %ks_c6 : i32",
+        "%ks_b4 = arith.shli %ks_b6, %ks_c4 : i32",
+        "%ks_ch = arith.shrui %ks_c, %ks_c4 : i32",
+        "%ks_mu = arith.ori %ks_ch, %ks_b4 : i32",
+        f"%ks_sc = arith.select {upper}, %ks_su, %ks_sl : i32",
+        f"%ks_mn = arith.select {upper}, %ks_mu, %ks_ml : i32",
+        "%ks_scf = arith.uitofp %ks_sc : i32 to f32",
+        "%ks_mnf = arith.uitofp %ks_mn : i32 to f32",
+        "%ds = arith.mulf %d, %ks_scf : f32",
+        "%dm = arith.mulf %m, %ks_mnf : f32",
+    ]
+    return indented(lines, indent)
+
+
+def u32_from_bytes(b: tuple[str, str, str, str], out: str, indent: str = INDENT) -> str:
+    """MLIR lines assembling i32 `out` from four little-endian i8 SSA values."""
+    p = out.lstrip("%")
+    lines = [f"%{p}_e0 = arith.extui {b[0]} : i8 to i32"]
+    for i in (1, 2, 3):
+        lines += [
+            f"%{p}_e{i} = arith.extui {b[i]} : i8 to i32",
+            f"%{p}_c{i} = arith.constant {8 * i} : i32",
+            f"%{p}_s{i} = arith.shli %{p}_e{i}, %{p}_c{i} : i32",
+        ]
+    lines += [
+        f"%{p}_o1 = arith.ori %{p}_e0, %{p}_s1 : i32",
+        f"%{p}_o2 = arith.ori %{p}_o1, %{p}_s2 : i32",
+        f"{out} = arith.ori %{p}_o2, %{p}_s3 : i32",
+    ]
+    return indented(lines, indent)
+
+
+def q5_value(q: str, h: str, j: str, qh: str, out: str, indent: str = INDENT) -> str:
+    """MLIR lines for a Q5_0/Q5_1 quant: i32 `out` = ((q >> 4h) & 15) | ((qh >> (16h + j)) & 1) << 4.
+
+    `q` is the i8 nibble byte, `h` (nibble) and `j` (< 16) are index values, `qh` the block's i32
+    high bits.
+    """
+    p = out.lstrip("%")
+    lines = [
+        f"%{p}_h = arith.index_cast {h} : index to i32",
+        f"%{p}_j = arith.index_cast {j} : index to i32",
+        f"%{p}_c4 = arith.constant 4 : i32",
+        f"%{p}_c16 = arith.constant 16 : i32",
+        f"%{p}_c15 = arith.constant 15 : i32",
+        f"%{p}_c1 = arith.constant 1 : i32",
+        f"%{p}_qi = arith.extui {q} : i8 to i32",
+        f"%{p}_ns = arith.muli %{p}_h, %{p}_c4 : i32",
+        f"%{p}_qs = arith.shrui %{p}_qi, %{p}_ns : i32",
+        f"%{p}_qn = arith.andi %{p}_qs, %{p}_c15 : i32",
+        f"%{p}_eh = arith.muli %{p}_h, %{p}_c16 : i32",
+        f"%{p}_e = arith.addi %{p}_eh, %{p}_j : i32",
+        f"%{p}_hs = arith.shrui {qh}, %{p}_e : i32",
+        f"%{p}_hb = arith.andi %{p}_hs, %{p}_c1 : i32",
+        f"%{p}_h4 = arith.shli %{p}_hb, %{p}_c4 : i32",
+        f"{out} = arith.ori %{p}_qn, %{p}_h4 : i32",
+    ]
+    return indented(lines, indent)
