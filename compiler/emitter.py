@@ -224,3 +224,99 @@ class Body:
     @property
     def t_tag(self) -> str:
         return "t" if self.dynamic else "1"
+
+    # --- ops of the qwen2, qwen3 and gemma3 recipes ---------------------------------------------
+
+    def rope_neox(
+        self, x: str, start: str, heads: int, head_dim: int, base: float, freq_scale: float, hint: str
+    ) -> str:
+        """NEOX RoPE (dim i pairs with i + head_dim/2) over every dim, positions scaled by `freq_scale`."""
+        name = f"rope_neox_{self.t_tag}_{heads}x{head_dim}_b{_sym(base)}_s{_sym(freq_scale)}"
+        subs = {
+            "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
+            "NEG2_OVER_NR": f32_const(-2.0 / head_dim), "BASE": f32_const(base),
+            "FREQ_SCALE": f32_const(freq_scale), **t_dims(self.dynamic),
+        }  # fmt: skip
+        self.mod.helper(name, template("rope_neox.mlir").substitute(subs))
+        hhd = self.act(heads * head_dim)
+        return self.call(name, [(x, hhd), (start, "index")], hhd, hint)
+
+    def rmsnorm_heads(self, x: str, w: str, heads: int, head_dim: int, eps: float, hint: str) -> str:
+        """RMSNorm of each head of x [T, heads*head_dim] with one [head_dim] weight (QK-norm)."""
+        name = f"rmsnorm_heads_{self.t_tag}_{heads}x{head_dim}"
+        subs = {
+            "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "HD": str(head_dim),
+            "HDF": f32_const(float(head_dim)), "EPS": f32_const(eps), **t_dims(self.dynamic),
+        }  # fmt: skip
+        self.mod.helper(name, template("rmsnorm_heads.mlir").substitute(subs))
+        hhd = self.act(heads * head_dim)
+        return self.call(name, [(x, hhd), (w, f"tensor<{head_dim}xf32>")], hhd, hint)
+
+    def attention_window(
+        self,
+        q: str,
+        kv_old: tuple[str, str],
+        kv_new: tuple[str, str],
+        heads: int,
+        heads_kv: int,
+        head_dim: int,
+        scale: float,
+        window: int,
+    ) -> str:
+        """`attention` with query scale `scale` and keys limited to the last `window` positions
+        (0: no window)."""
+        win = window or NO_WINDOW
+        name = f"attention_w{win}_s{_sym(scale)}_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
+        subs = {
+            "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
+            "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win),
+            "DYN_S": "%T, %S" if self.dynamic else "%S", "DYN_TT": "%T, %T" if self.dynamic else "",
+            **t_dims(self.dynamic),
+        }  # fmt: skip
+        self.mod.helper(name, template("attention_window.mlir").substitute(subs))
+        old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
+        new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
+        hhd = self.act(heads * head_dim)
+        args = [(q, hhd), (kv_old[0], old), (kv_old[1], old), (kv_new[0], new), (kv_new[1], new)]
+        return self.call(name, args, hhd, "attn")
+
+    def gelu_gated(self, gate: str, up: str, d: int, hint: str) -> str:
+        """gelu_tanh(gate) * up on [T, d]."""
+        suffix = f"{self.t_tag}_{d}"
+        name = self.mod.helper(
+            f"geglu_{suffix}", template("geglu.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic))
+        )
+        return self.call(name, [(gate, self.act(d)), (up, self.act(d))], self.act(d), hint)
+
+    def bias_add(self, x: str, bias: str, d: int, hint: str) -> str:
+        """x [T, d] + bias [d]."""
+        suffix = f"{self.t_tag}_{d}"
+        name = self.mod.helper(
+            f"bias_{suffix}", template("bias_add.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic))
+        )
+        return self.call(name, [(x, self.act(d)), (bias, f"tensor<{d}xf32>")], self.act(d), hint)
+
+    def scale(self, x: str, factor: float, d: int, hint: str) -> str:
+        """x [T, d] * factor."""
+        name = f"scale_{self.t_tag}_{d}_{_sym(factor)}"
+        subs = {"NAME": name, "D": str(d), "S": f32_const(factor), **t_dims(self.dynamic)}
+        self.mod.helper(name, template("scale.mlir").substitute(subs))
+        return self.call(name, [(x, self.act(d))], self.act(d), hint)
+
+    def softcap(self, x: str, cap: float, d: int, hint: str) -> str:
+        """cap * tanh(x / cap) on [T, d] (final logit softcapping)."""
+        name = f"softcap_{self.t_tag}_{d}_{_sym(cap)}"
+        subs = {
+            "NAME": name, "D": str(d), "CAP": f32_const(cap), "INV_CAP": f32_const(1.0 / cap),
+            **t_dims(self.dynamic),
+        }  # fmt: skip
+        self.mod.helper(name, template("softcap.mlir").substitute(subs))
+        return self.call(name, [(x, self.act(d))], self.act(d), hint)
+
+
+NO_WINDOW = 2**31 - 1  # an attention window no position distance reaches
+
+
+def _sym(x: float) -> str:
+    """A float as a symbol-name fragment (helpers with baked-in constants differ by name)."""
+    return f"{x:.9g}".replace(".", "p").replace("-", "m").replace("+", "")

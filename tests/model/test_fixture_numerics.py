@@ -1,7 +1,10 @@
 """Tier 3: the compiled model against the float64 numpy reference on tiny seeded GGUF fixtures.
 
 Each fixture mixes quant types (Q8_0/Q4_1, Q4_0/F16, F32/Q8_0, tied and untied output, GQA and
-plain MHA). The sequence covers a prefill, decodes at growing positions, and a second prefill
+plain MHA) and covers one architecture: llama, qwen2 (q/k/v biases), qwen3 (QK-norm, a head size
+other than n_embd/n_head), gemma3 (six layers, a window of 5 on the local ones and one global layer)
+and gemma3 with every option (window 3 and period 2, local RoPE base, linear RoPE scaling, a query
+scalar, final logit softcapping). The sequence covers a prefill, decodes at growing positions, and a second prefill
 that continues after cached rows, so attention over old and new rows is checked on every device.
 """
 
@@ -24,7 +27,10 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "cpu-task", "vulkan"))
-@pytest.mark.parametrize("fixture", ["tiny-q8-q41", "tiny-q40-f16", "tiny-f32-q8"])
+@pytest.mark.parametrize(
+    "fixture",
+    ["tiny-q8-q41", "tiny-q40-f16", "tiny-f32-q8", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-gemma3-scaled"],
+)
 def test_compiled_matches_reference(
     fixture: str, device: str, tiny_models: dict[str, Path], open_session: SessionFactory
 ) -> None:

@@ -1,8 +1,11 @@
 """The model description: hyperparameters and expected tensors, read from GGUF metadata.
 
-Owns: `HParams` (field names mirror GGUF's `{arch}.*` keys), `ModelDescription` (hparams plus the
-quant type of every tensor the graph reads) and the architecture registry. An architecture
-module provides `hparams(meta)` and `tensors(hp)`; the graph itself lives in zinc.compiler.
+Owns: `HParams` (field names mirror GGUF's `{arch}.*` keys; the layer recipe's switches — RoPE
+mode, biases, QK-norm, post-norms, GELU, sliding windows, scales — are fields too, so the compiled
+graph and the numpy reference read one description), `ModelDescription` (hparams plus the quant
+type of every tensor the graph reads), the architecture registry, and `base_hparams`, the keys
+every architecture shares. An architecture module (llama, qwen, gemma3) provides `hparams(meta)`
+and `tensors(hp)`; the graph itself lives in zinc.compiler.
 Imports: zinc.model.gguf_file, zinc.errors.
 """
 
@@ -31,6 +34,39 @@ class HParams:
     rope_dimension_count: int  # rotated dims per head (n_rot)
     context_length: int  # trained context
     tied_output: bool  # logits use token_embd when there is no output.weight
+    # the layer recipe (defaults: llama)
+    rope_type: str = "norm"  # "norm": adjacent pairs (llama); "neox": first half with second half
+    rope_freq_scale: float = 1.0  # linear RoPE scaling (1 / rope.scaling.factor), global layers only
+    rope_freq_base_swa: float = 0.0  # sliding-window layers' RoPE base (0: rope_freq_base)
+    sliding_window: int = 0  # attention.sliding_window: keys at distance >= this are masked (0: none)
+    sliding_window_pattern: int = 0  # every Nth layer (il % N == N - 1) is global, the rest windowed
+    attention_scale: float = 0.0  # query scale before q.k (0: 1 / sqrt(key_length))
+    embedding_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(n_embd))
+    final_logit_softcapping: float = 0.0  # logits = c * tanh(logits / c) (0: none)
+    attn_qkv_bias: bool = False  # attn_q/k/v.bias added after the projections (qwen2)
+    attn_qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
+    post_norms: bool = False  # post_attention_norm and post_ffw_norm before each residual (gemma3)
+    ffn_activation: str = "silu"  # gated FFN activation: "silu" (SwiGLU) or "gelu" (tanh GELU)
+
+    def is_swa(self, il: int) -> bool:
+        """Whether layer `il` uses the sliding window (llama.cpp's set_swa_pattern, dense last)."""
+        n = self.sliding_window_pattern
+        return self.sliding_window > 0 and (n == 0 or il % n < n - 1)
+
+    def window(self, il: int) -> int:
+        """Layer `il`'s attention window (0: none)."""
+        return self.sliding_window if self.is_swa(il) else 0
+
+    def rope_base(self, il: int) -> float:
+        if self.is_swa(il):
+            return self.rope_freq_base_swa or self.rope_freq_base
+        return self.rope_freq_base
+
+    def rope_scale(self, il: int) -> float:
+        return 1.0 if self.is_swa(il) else self.rope_freq_scale
+
+    def q_scale(self) -> float:
+        return self.attention_scale or float(self.key_length) ** -0.5
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,7 +104,7 @@ def register(arch: Architecture) -> Architecture:
 
 
 def supported_architectures() -> tuple[str, ...]:
-    from zinc.model import llama  # noqa: F401  (registers itself)
+    from zinc.model import gemma3, llama, qwen  # noqa: F401  (they register themselves)
 
     return tuple(sorted(_ARCHITECTURES))
 
@@ -91,6 +127,59 @@ def meta_float(model: GGUFModel, key: str, default: float | None = None) -> floa
     return float(v)
 
 
+def meta_str(model: GGUFModel, key: str, default: str) -> str:
+    v = model.metadata.get(key, default)
+    return v if isinstance(v, str) else default
+
+
+def base_hparams(model: GGUFModel, arch: str, **recipe: Any) -> HParams:
+    """The hyperparameters every architecture reads from `{arch}.*` keys, plus its recipe fields."""
+    a = arch
+    n_embd = meta_int(model, f"{a}.embedding_length")
+    n_head = meta_int(model, f"{a}.attention.head_count")
+    head_dim = meta_int(model, f"{a}.attention.key_length", n_embd // n_head)
+    if meta_int(model, f"{a}.attention.value_length", head_dim) != head_dim:
+        raise UnsupportedModelError(f"{a}.attention.value_length differs from key_length, which zinc does not support")
+    tokens = model.metadata.get("tokenizer.ggml.tokens")
+    n_vocab = meta_int(model, f"{a}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
+    fields: dict[str, Any] = {
+        "architecture": a,
+        "vocab_size": n_vocab,
+        "embedding_length": n_embd,
+        "block_count": meta_int(model, f"{a}.block_count"),
+        "head_count": n_head,
+        "head_count_kv": meta_int(model, f"{a}.attention.head_count_kv", n_head),
+        "key_length": head_dim,
+        "feed_forward_length": meta_int(model, f"{a}.feed_forward_length"),
+        "layer_norm_rms_epsilon": meta_float(model, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        "rope_freq_base": meta_float(model, f"{a}.rope.freq_base", 10000.0),
+        "rope_dimension_count": meta_int(model, f"{a}.rope.dimension_count", head_dim),
+        "context_length": meta_int(model, f"{a}.context_length", 2048),
+        "tied_output": "output.weight" not in model.tensors,
+        "rope_freq_scale": rope_scaling(model, a),
+        **recipe,
+    }
+    hp = HParams(**fields)
+    if hp.head_count_kv <= 0 or hp.head_count % hp.head_count_kv:
+        raise UnsupportedModelError(f"{a}: {hp.head_count} query heads do not group over {hp.head_count_kv} KV heads")
+    if hp.rope_type == "neox" and hp.rope_dimension_count != hp.key_length:
+        raise UnsupportedModelError(
+            f"{a}: NEOX RoPE over {hp.rope_dimension_count} of {hp.key_length} head dims is not supported"
+        )
+    return hp
+
+
+def rope_scaling(model: GGUFModel, arch: str) -> float:
+    """The linear RoPE frequency scale from `{arch}.rope.scaling.*` (1.0 when there is none)."""
+    kind = meta_str(model, f"{arch}.rope.scaling.type", "none")
+    factor = meta_float(model, f"{arch}.rope.scaling.factor", 0.0)
+    if kind == "none" or factor in (0.0, 1.0):
+        return 1.0
+    if kind != "linear":
+        raise UnsupportedModelError(f"{arch}.rope.scaling.type {kind!r} is not supported (zinc supports linear)")
+    return 1.0 / factor
+
+
 def describe(model: GGUFModel) -> ModelDescription:
     """Hyperparameters and tensor types for a GGUF, checked against what its architecture needs."""
     supported = supported_architectures()
@@ -107,5 +196,7 @@ def describe(model: GGUFModel) -> ModelDescription:
             raise GGUFError(f"{model.path}: tensor {t.name} is missing")
         if info.ne != t.ne:
             raise GGUFError(f"{model.path}: tensor {t.name} has shape {list(info.ne)}, expected {list(t.ne)}")
+        if len(t.ne) == 1 and info.type_name != "F32":  # norms and biases are bound as f32 vectors
+            raise UnsupportedModelError(f"tensor {t.name} is {info.type_name}; zinc reads vectors as F32 only")
         types[t.name] = info.type_name
     return ModelDescription(hparams=hp, tensor_types=types)

@@ -2,63 +2,68 @@
 
 Pre-norm decoder: RMSNorm, attention with RoPE on adjacent pairs (GGUF's llama q/k weights are
 permuted for it) and grouped KV heads, RMSNorm, SwiGLU feed-forward; logits from `output.weight`
-or, when absent, the tied `token_embd.weight`.
-Imports: zinc.model.hparams, zinc.model.gguf_file.
+or, when absent, the tied `token_embd.weight`. `attention_tensors`/`ffn_tensors` are the layer
+tensors that qwen2, qwen3 and gemma3 share with it.
+Imports: zinc.model.hparams, zinc.model.gguf_file, zinc.errors.
 """
 
 from __future__ import annotations
 
+from zinc.errors import UnsupportedModelError
 from zinc.model.gguf_file import GGUFModel
-from zinc.model.hparams import Architecture, ExpectedTensor, HParams, meta_float, meta_int, register
+from zinc.model.hparams import Architecture, ExpectedTensor, HParams, base_hparams, register
 
 ARCH = "llama"
 
 
 def hparams(model: GGUFModel) -> HParams:
-    a = ARCH
-    n_embd = meta_int(model, f"{a}.embedding_length")
-    n_head = meta_int(model, f"{a}.attention.head_count")
-    head_dim = meta_int(model, f"{a}.attention.key_length", n_embd // n_head)
-    tokens = model.metadata.get("tokenizer.ggml.tokens")
-    n_vocab = meta_int(model, f"{a}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
-    return HParams(
-        architecture=a,
-        vocab_size=n_vocab,
-        embedding_length=n_embd,
-        block_count=meta_int(model, f"{a}.block_count"),
-        head_count=n_head,
-        head_count_kv=meta_int(model, f"{a}.attention.head_count_kv", n_head),
-        key_length=head_dim,
-        feed_forward_length=meta_int(model, f"{a}.feed_forward_length"),
-        layer_norm_rms_epsilon=meta_float(model, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
-        rope_freq_base=meta_float(model, f"{a}.rope.freq_base", 10000.0),
-        rope_dimension_count=meta_int(model, f"{a}.rope.dimension_count", head_dim),
-        context_length=meta_int(model, f"{a}.context_length", 2048),
-        tied_output="output.weight" not in model.tensors,
-    )
+    hp = base_hparams(model, ARCH)
+    if hp.rope_freq_scale != 1.0:
+        raise UnsupportedModelError("llama with rope scaling is not supported yet")
+    return hp
+
+
+def output_tensors(hp: HParams) -> list[ExpectedTensor]:
+    d = hp.embedding_length
+    out = [ExpectedTensor("token_embd.weight", (d, hp.vocab_size)), ExpectedTensor("output_norm.weight", (d,))]
+    if not hp.tied_output:
+        out.append(ExpectedTensor("output.weight", (d, hp.vocab_size)))
+    return out
+
+
+def layer_tensors(hp: HParams, il: int) -> list[ExpectedTensor]:
+    """Layer `il`'s tensors, with the recipe's extras (biases, QK-norm weights, post-norms)."""
+    d, hd, ff = hp.embedding_length, hp.key_length, hp.feed_forward_length
+    nq, nkv = hp.head_count * hd, hp.head_count_kv * hd
+    p = f"blk.{il}."
+    out = [
+        ExpectedTensor(p + "attn_norm.weight", (d,)),
+        ExpectedTensor(p + "attn_q.weight", (d, nq)),
+        ExpectedTensor(p + "attn_k.weight", (d, nkv)),
+        ExpectedTensor(p + "attn_v.weight", (d, nkv)),
+        ExpectedTensor(p + "attn_output.weight", (nq, d)),
+        ExpectedTensor(p + "ffn_norm.weight", (d,)),
+        ExpectedTensor(p + "ffn_gate.weight", (d, ff)),
+        ExpectedTensor(p + "ffn_up.weight", (d, ff)),
+        ExpectedTensor(p + "ffn_down.weight", (ff, d)),
+    ]
+    if hp.attn_qkv_bias:
+        out += [
+            ExpectedTensor(p + "attn_q.bias", (nq,)),
+            ExpectedTensor(p + "attn_k.bias", (nkv,)),
+            ExpectedTensor(p + "attn_v.bias", (nkv,)),
+        ]
+    if hp.attn_qk_norm:
+        out += [ExpectedTensor(p + "attn_q_norm.weight", (hd,)), ExpectedTensor(p + "attn_k_norm.weight", (hd,))]
+    if hp.post_norms:
+        out += [ExpectedTensor(p + "post_attention_norm.weight", (d,)), ExpectedTensor(p + "post_ffw_norm.weight", (d,))]
+    return out
 
 
 def tensors(hp: HParams) -> list[ExpectedTensor]:
-    d, hd, ff = hp.embedding_length, hp.key_length, hp.feed_forward_length
-    out = [
-        ExpectedTensor("token_embd.weight", (d, hp.vocab_size)),
-        ExpectedTensor("output_norm.weight", (d,)),
-    ]
-    if not hp.tied_output:
-        out.append(ExpectedTensor("output.weight", (d, hp.vocab_size)))
-    for i in range(hp.block_count):
-        p = f"blk.{i}."
-        out += [
-            ExpectedTensor(p + "attn_norm.weight", (d,)),
-            ExpectedTensor(p + "attn_q.weight", (d, hp.head_count * hd)),
-            ExpectedTensor(p + "attn_k.weight", (d, hp.head_count_kv * hd)),
-            ExpectedTensor(p + "attn_v.weight", (d, hp.head_count_kv * hd)),
-            ExpectedTensor(p + "attn_output.weight", (hp.head_count * hd, d)),
-            ExpectedTensor(p + "ffn_norm.weight", (d,)),
-            ExpectedTensor(p + "ffn_gate.weight", (d, ff)),
-            ExpectedTensor(p + "ffn_up.weight", (d, ff)),
-            ExpectedTensor(p + "ffn_down.weight", (ff, d)),
-        ]
+    out = output_tensors(hp)
+    for il in range(hp.block_count):
+        out += layer_tensors(hp, il)
     return out
 
 

@@ -2,7 +2,10 @@
 
 Owns: `ReferenceModel`, which dequantizes GGUF weights with `gguf.quants.dequantize` and runs the
 same math as the compiled graph, written plainly (llama2.c's `forward`, in numpy), one token
-block at a time with its own KV cache. Slow by design; used by tests and for debugging.
+block at a time with its own KV cache. It follows the recipe in `HParams` (llama, qwen2, qwen3,
+gemma3): NEOX or adjacent-pair RoPE with per-layer bases, q/k/v biases, per-head QK RMSNorm,
+post-norms, SwiGLU or tanh-GELU gating, sliding-window layers, embedding and query scales and
+final logit softcapping. Slow by design; used by tests and for debugging.
 Imports: numpy, gguf, zinc.model.
 """
 
@@ -18,6 +21,14 @@ from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import describe
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
+
+
+def gelu_tanh(x: F64) -> F64:
+    return np.asarray(0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))))
+
+
+def silu(x: F64) -> F64:
+    return np.asarray(x / (1.0 + np.exp(-x)))
 
 
 class ReferenceModel:
@@ -39,48 +50,79 @@ class ReferenceModel:
     def _rms(self, x: F64, w: F64) -> F64:
         return np.asarray(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.hp.layer_norm_rms_epsilon) * w)
 
-    def _rope(self, x: F64, pos: np.ndarray[Any, Any]) -> F64:  # x [T, H, hd], adjacent pairs
-        nr = self.hp.rope_dimension_count
+    def _rope(self, x: F64, pos: F64, il: int) -> F64:  # x [T, H, hd]
+        hp = self.hp
+        nr = hp.rope_dimension_count
         i = np.arange(nr // 2)
-        theta = pos[:, None] * self.hp.rope_freq_base ** (-2.0 * i / nr)  # [T, nr/2]
+        theta = (pos * hp.rope_scale(il))[:, None] * hp.rope_base(il) ** (-2.0 * i / nr)  # [T, nr/2]
         c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
         out = x.copy()
-        x0, x1 = x[..., 0:nr:2], x[..., 1:nr:2]
-        out[..., 0:nr:2] = x0 * c - x1 * s
-        out[..., 1:nr:2] = x0 * s + x1 * c
+        if hp.rope_type == "neox":  # dim i pairs with i + nr/2
+            x0, x1 = x[..., : nr // 2], x[..., nr // 2 : nr]
+            out[..., : nr // 2] = x0 * c - x1 * s
+            out[..., nr // 2 : nr] = x0 * s + x1 * c
+        else:  # adjacent pairs
+            x0, x1 = x[..., 0:nr:2], x[..., 1:nr:2]
+            out[..., 0:nr:2] = x0 * c - x1 * s
+            out[..., 1:nr:2] = x0 * s + x1 * c
         return out
+
+    def _proj(self, x: F64, p: str, name: str, heads: int) -> F64:
+        """x @ W^T (+ bias), as [T, heads, hd], RMS-normed per head when the recipe says so."""
+        hp, w = self.hp, self.w
+        y = x @ w[p + name + ".weight"].T
+        if hp.attn_qkv_bias:
+            y = y + w[p + name + ".bias"]
+        y = y.reshape(len(x), heads, hp.key_length)
+        if hp.attn_qk_norm and name in ("attn_q", "attn_k"):
+            y = self._rms(y, w[p + name + "_norm.weight"])
+        return y
+
+    def _attention(self, q: F64, kall: F64, vall: F64, start: int, il: int) -> F64:
+        hp = self.hp
+        t, nh, nkv, hd = len(q), hp.head_count, hp.head_count_kv, hp.key_length
+        qg = q.reshape(t, nkv, nh // nkv, hd)
+        scores = np.einsum("tkgd,skd->kgts", qg, kall) * hp.q_scale()
+        kpos = np.arange(start + t)[None, :]
+        qpos = (start + np.arange(t))[:, None]
+        mask = kpos > qpos  # [T, S]
+        if hp.window(il):
+            mask |= qpos - kpos >= hp.window(il)
+        scores = np.where(mask, -np.inf, scores)
+        scores = np.exp(scores - scores.max(-1, keepdims=True))
+        scores /= scores.sum(-1, keepdims=True)
+        return np.asarray(np.einsum("kgts,skd->tkgd", scores, vall).reshape(t, nh * hd))
 
     def forward(self, ids: list[int]) -> F64:
         """Run `ids` after what is already cached; returns the logits of every new position [T, V]."""
         hp, w = self.hp, self.w
-        nh, nkv, hd = hp.head_count, hp.head_count_kv, hp.key_length
-        start, t = self.k.shape[1], len(ids)
-        pos = np.arange(start, start + t, dtype=np.float64)
-        x = w["token_embd.weight"][ids]  # [T, d]
+        start = self.k.shape[1]
+        pos = np.arange(start, start + len(ids), dtype=np.float64)
+        x = w["token_embd.weight"][ids] * hp.embedding_scale  # [T, d]
         ks, vs = [], []
         for il in range(hp.block_count):
             p = f"blk.{il}."
             cur = self._rms(x, w[p + "attn_norm.weight"])
-            q = self._rope((cur @ w[p + "attn_q.weight"].T).reshape(t, nh, hd), pos)
-            k = self._rope((cur @ w[p + "attn_k.weight"].T).reshape(t, nkv, hd), pos)
-            v = (cur @ w[p + "attn_v.weight"].T).reshape(t, nkv, hd)
-            kall = np.concatenate([self.k[il], k])  # [S, nkv, hd]
-            vall = np.concatenate([self.v[il], v])
-            ks.append(kall)
-            vs.append(vall)
-            g = nh // nkv
-            qg = q.reshape(t, nkv, g, hd)
-            scores = np.einsum("tkgd,skd->kgts", qg, kall) / np.sqrt(hd)
-            mask = np.arange(start + t)[None, :] > (start + np.arange(t))[:, None]  # [T, S]
-            scores = np.where(mask, -np.inf, scores)
-            scores = np.exp(scores - scores.max(-1, keepdims=True))
-            scores /= scores.sum(-1, keepdims=True)
-            att = np.einsum("kgts,skd->tkgd", scores, vall).reshape(t, nh * hd)
-            x = x + att @ w[p + "attn_output.weight"].T
+            q = self._rope(self._proj(cur, p, "attn_q", hp.head_count), pos, il)
+            k = self._rope(self._proj(cur, p, "attn_k", hp.head_count_kv), pos, il)
+            v = self._proj(cur, p, "attn_v", hp.head_count_kv)
+            ks.append(np.concatenate([self.k[il], k]))  # [S, nkv, hd]
+            vs.append(np.concatenate([self.v[il], v]))
+            att = self._attention(q, ks[-1], vs[-1], start, il) @ w[p + "attn_output.weight"].T
+            if hp.post_norms:
+                att = self._rms(att, w[p + "post_attention_norm.weight"])
+            x = x + att
             cur = self._rms(x, w[p + "ffn_norm.weight"])
             gate = cur @ w[p + "ffn_gate.weight"].T
-            up = cur @ w[p + "ffn_up.weight"].T
-            x = x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+            act = gelu_tanh(gate) if hp.ffn_activation == "gelu" else silu(gate)
+            ffn = (act * (cur @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            if hp.post_norms:
+                ffn = self._rms(ffn, w[p + "post_ffw_norm.weight"])
+            x = x + ffn
         self.k, self.v = np.stack(ks), np.stack(vs)
         out = w["token_embd.weight"] if hp.tied_output else w["output.weight"]
-        return np.asarray(self._rms(x, w["output_norm.weight"]) @ out.T)
+        logits = self._rms(x, w["output_norm.weight"]) @ out.T
+        if hp.final_logit_softcapping:
+            cap = hp.final_logit_softcapping
+            logits = cap * np.tanh(logits / cap)
+        return np.asarray(logits)

@@ -1,0 +1,58 @@
+"""Tier 4 for Gemma 3 270M: greedy tokens equal llama.cpp's (../shared/golden/gemma3.json).
+
+Same rule as the SmolLM2 golden test (tests/golden/test_golden_smollm2.py): tokens match exactly
+until the first step where llama.cpp's own top-1/top-2 gap is below NEAR_TIE, and a divergence
+there must pick llama.cpp's runner-up. Observed on CPU: the France prompt agrees for 15 tokens
+and then takes the runner-up at a 0.11 near-tie; the code and counting prompts agree for all 32.
+llama.cpp's 8-bit activations move its first-step logits by up to 0.72 from zinc's exact ones
+(the code prompt), so the logit check allows TOP1_TOL = 1.0 (zinc's own logits equal the float64
+reference to 1e-6, tests/model/test_gemma3_numerics.py).
+Lavapipe is slow on this model (measured on 2 busy cores: compile about 60 s, the 6-token prefill
+30-100 s, each decode step with its 262k-token Q8_0 head 10-20 s; the whole Vulkan case took
+143 s), so it checks the first prompt's first VULKAN_TOKENS tokens only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SessionFactory, device_params
+from tests.golden.test_golden_smollm2 import check_tokens, golden
+from zinc.errors import GGUFError
+from zinc.model.gguf_file import resolve_model
+
+TOP1_TOL = 1.0
+VULKAN_TOKENS = 3
+VULKAN_PROMPTS = 1
+
+
+@pytest.fixture(scope="session")
+def gemma3() -> Path:
+    try:
+        return resolve_model("gemma3-270m")
+    except GGUFError as exc:
+        pytest.skip(exc.message)
+
+
+@pytest.mark.golden
+@pytest.mark.slow
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+def test_gemma3_greedy_matches_llama_cpp(device: str, gemma3: Path, open_session: SessionFactory) -> None:
+    data = golden("gemma3")
+    session = open_session(gemma3, device)
+    n = data["settings"]["gen_tokens"] if device != "vulkan" else VULKAN_TOKENS
+    prompts = data["prompts"] if device != "vulkan" else data["prompts"][:VULKAN_PROMPTS]
+    matched = []
+    for prompt in prompts:
+        step = session.prefill(prompt["ids"])
+        logits = step.logits()
+        for tok, value in prompt["first_token_top5"][:3]:
+            assert abs(float(logits[tok]) - value) < TOP1_TOL, f"{prompt['text']!r}: logit of {tok}"
+        ours = [step.token]  # greedy, EOS not stopping (as in the golden run)
+        while len(ours) < n:
+            ours.append(session.decode(ours[-1], len(prompt["ids"]) + len(ours) - 1).token)
+        matched.append(check_tokens(ours, prompt))
+    # the France prompt's first near-tie (0.11) is at token 15; the others agree throughout
+    assert matched == ([15, 32, 32] if device != "vulkan" else [VULKAN_TOKENS]), matched
