@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from zinc.compiler.kernels import QuantType, _f16_bits_to_f32, template
+from zinc.compiler.bitops import f16_bits_to_f32
+from zinc.compiler.kernels import QuantType, template
 
 TW = 32  # output rows per tile: the vectorized dimension
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
@@ -30,14 +31,18 @@ U8 = np.ndarray[Any, np.dtype[np.uint8]]
 class TiledLayout:
     quant: str  # GGML type name
     planes: tuple[str, ...]  # parameter suffixes, in kernel argument order
-    qbytes: int  # bytes of quants per 32 weights (32 for 8-bit, 16 for 4-bit)
+    qbytes: int  # bytes of quants per 32 weights (32 for 8-bit, 16 for 4- and 5-bit)
+    bias: float = 0.0  # w = (q + bias) * d for the symmetric 4/5-bit types
 
 
 TILED_TYPES: dict[str, TiledLayout] = {
     "Q8_0": TiledLayout("Q8_0", ("qs", "d"), 32),
-    "Q4_0": TiledLayout("Q4_0", ("qs", "d"), 16),
+    "Q4_0": TiledLayout("Q4_0", ("qs", "d"), 16, -8.0),
     "Q4_1": TiledLayout("Q4_1", ("qs", "d", "m"), 16),
+    "Q5_0": TiledLayout("Q5_0", ("qs", "d", "qh"), 16, -16.0),
 }
+# plane element types: quants as bytes, scales as f16 bits, Q5 high bits as one 32-bit word per block
+PLANE_TYPE = {"qs": "i8", "d": "i16", "m": "i16", "qh": "i32"}
 
 
 def supports(q: QuantType, n: int, k: int) -> bool:
@@ -47,10 +52,10 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """MLIR tensor type of each plane of an [n, k] weight."""
     lay, nt, b = TILED_TYPES[q.name], n // TW, k // 32
-    out = {"qs": f"tensor<{nt}x{b}x{lay.qbytes}x{TW}xi8>", "d": f"tensor<{nt}x{b}x{TW}xi16>"}
-    if "m" in lay.planes:
-        out["m"] = f"tensor<{nt}x{b}x{TW}xi16>"
-    return {p: out[p] for p in lay.planes}
+    return {
+        p: f"tensor<{nt}x{b}x{lay.qbytes}x{TW}xi8>" if p == "qs" else f"tensor<{nt}x{b}x{TW}x{PLANE_TYPE[p]}>"
+        for p in lay.planes
+    }
 
 
 def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -71,6 +76,9 @@ def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, A
         return {"qs": tile(blocks[:, :, 2:].view(np.int8)), "d": tile(f16_bits(0))}
     if q.name == "Q4_1":
         return {"qs": tile(blocks[:, :, 4:].view(np.int8)), "d": tile(f16_bits(0)), "m": tile(f16_bits(2))}
+    if q.name == "Q5_0":  # f16 d, u32 high bits (bit j of element j), 16 bytes of nibbles
+        qh = blocks[:, :, 2:6].copy().view(np.int32)[..., 0]
+        return {"qs": tile(blocks[:, :, 6:].view(np.int8)), "d": tile(f16_bits(0)), "qh": tile(qh)}
     raise ValueError(f"no tiled layout for {q.name}")
 
 
@@ -88,25 +96,47 @@ def _compilation_info(rank: int) -> str:
 def _scale(bits: str, out: str) -> str:
     """Lines decoding f16 bits held in an i16 SSA value into f32 `out`."""
     p = out.lstrip("%")
-    return f"      %{p}_w = arith.extui {bits} : i16 to i32\n" + _f16_bits_to_f32(f"%{p}_w", out, "      ")
+    return f"      %{p}_w = arith.extui {bits} : i16 to i32\n" + f16_bits_to_f32(f"%{p}_w", out, "      ")
 
 
-def _weight_lines(lay: TiledLayout) -> str:
-    """Body lines computing `%wv` (the dequantized weight) from `%q`, `%d` (and `%m`)."""
+def _scales(lay: TiledLayout) -> str:
+    return "\n".join(_scale(f"%{p}b", f"%{p}") for p in lay.planes[1:] if PLANE_TYPE[p] == "i16")
+
+
+def _weight_lines(lay: TiledLayout, h_dim: int, j_dim: int) -> str:
+    """Body lines computing `%wv` (the dequantized weight) from `%q`, `%d` (and `%m` or `%qhb`);
+    `h_dim`/`j_dim` are the loop dims of the nibble half and of the element within the half."""
     if lay.qbytes == 32:
         return "      %qf = arith.sitofp %q : i8 to f32\n      %wv = arith.mulf %qf, %d : f32"
     lines = [
-        "%h = linalg.index 3 : index",
+        f"%h = linalg.index {h_dim} : index",
         "%h8 = arith.index_cast %h : index to i8",
         "%c4 = arith.constant 4 : i8",
         "%sh = arith.muli %h8, %c4 : i8",
         "%qsh = arith.shrui %q, %sh : i8",
         "%c15 = arith.constant 15 : i8",
         "%qn = arith.andi %qsh, %c15 : i8",
-        "%qf = arith.uitofp %qn : i8 to f32",
     ]
-    if lay.quant == "Q4_0":
-        lines += ["%cm8 = arith.constant -8.0 : f32", "%m = arith.mulf %d, %cm8 : f32"]
+    if "qh" in lay.planes:  # the fifth bit: bit (16 h + j) of the block's word
+        lines += [
+            f"%jj = linalg.index {j_dim} : index",
+            "%c16 = arith.constant 16 : index",
+            "%hj = arith.muli %h, %c16 : index",
+            "%bit = arith.addi %hj, %jj : index",
+            "%bit32 = arith.index_cast %bit : index to i32",
+            "%qhs = arith.shrui %qhb, %bit32 : i32",
+            "%one = arith.constant 1 : i32",
+            "%hb = arith.andi %qhs, %one : i32",
+            "%c4i = arith.constant 4 : i32",
+            "%hb4 = arith.shli %hb, %c4i : i32",
+            "%qn32 = arith.extui %qn : i8 to i32",
+            "%q5 = arith.ori %qn32, %hb4 : i32",
+            "%qf = arith.uitofp %q5 : i32 to f32",
+        ]
+    else:
+        lines.append("%qf = arith.uitofp %qn : i8 to f32")
+    if lay.bias:
+        lines += [f"%cb = arith.constant {lay.bias:.1f} : f32", "%m = arith.mulf %d, %cb : f32"]
     lines.append("%wv = math.fma %qf, %d, %m : f32")
     return "\n".join("      " + ln for ln in lines)
 
@@ -137,13 +167,12 @@ def render_decode(q: QuantType, n: int, k: int) -> str:
     maps += [f"affine_map<{dims} -> {xmap}>", f"affine_map<{dims} -> (t, n)>"]
     ins = ", ".join(f"%w_{p}" for p in lay.planes) + ", %xb"
     in_types = ", ".join(types[p] for p in lay.planes) + f", tensor<{xshape}xf32>"
-    bb = ", ".join(["%q: i8"] + [f"%{p}b: i16" for p in lay.planes[1:]] + ["%xv: f32", "%a: f32"])
-    scales = "\n".join(_scale(f"%{p}b", f"%{p}") for p in lay.planes[1:])
+    bb = ", ".join(["%q: i8"] + [f"%{p}b: {PLANE_TYPE[p]}" for p in lay.planes[1:]] + ["%xv: f32", "%a: f32"])
     iters = ", ".join(['"parallel"', '"parallel"'] + ['"reduction"'] * (rank - 2))
     return template("tiled_decode.mlir").substitute(
         NAME=decode_name(q, n, k), ARGS=args, N=str(n), K=str(k), NT=str(nt), TW=str(TW),
         XSHAPE=xshape, XEXPAND=xexpand, INFO=_compilation_info(rank), MAPS=", ".join(maps),
-        ITERS=iters, INS=ins, IN_TYPES=in_types, BB=bb, SCALES=scales, WEIGHT=_weight_lines(lay),
+        ITERS=iters, INS=ins, IN_TYPES=in_types, BB=bb, SCALES=_scales(lay), WEIGHT=_weight_lines(lay, 3, 4),
     )  # fmt: skip
 
 
@@ -167,12 +196,11 @@ def render_prefill(q: QuantType, n: int, k: int) -> str:
     args = ", ".join(f"%w_{p}: {types[p]}" for p in lay.planes)
     ins = ", ".join(f"%w_{p}" for p in lay.planes)
     in_types = ", ".join(types[p] for p in lay.planes)
-    bb = ", ".join(["%q: i8"] + [f"%{p}b: i16" for p in lay.planes[1:]] + ["%o: f32"])
-    scales = "\n".join(_scale(f"%{p}b", f"%{p}") for p in lay.planes[1:])
+    bb = ", ".join(["%q: i8"] + [f"%{p}b: {PLANE_TYPE[p]}" for p in lay.planes[1:]] + ["%o: f32"])
     iters = ", ".join(['"parallel"'] * (5 if four else 4))
-    weight = _weight_lines(lay).replace("linalg.index 3", "linalg.index 2")
+    weight = _weight_lines(lay, 2, 3)
     collapse = "[[0, 1, 2], [3, 4]]" if four else "[[0, 1], [2, 3]]"
     return template("tiled_prefill.mlir").substitute(
         NAME=prefill_name(q, n, k), ARGS=args, N=str(n), K=str(k), MAPS=", ".join(maps), ITERS=iters,
-        INS=ins, IN_TYPES=in_types, OUT_SHAPE=out_shape, BB=bb, SCALES=scales, WEIGHT=weight, COLLAPSE=collapse,
+        INS=ins, IN_TYPES=in_types, OUT_SHAPE=out_shape, BB=bb, SCALES=_scales(lay), WEIGHT=weight, COLLAPSE=collapse,
     )  # fmt: skip
