@@ -201,6 +201,11 @@ class Body:
             **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("attention.mlir").substitute(subs))
+        return self._attention_call(name, q, kv_old, kv_new, heads, heads_kv, head_dim)
+
+    def _attention_call(
+        self, name: str, q: str, kv_old: tuple[str, str], kv_new: tuple[str, str], heads: int, heads_kv: int, head_dim: int
+    ) -> str:
         old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
         new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
         hhd = self.act(heads * head_dim)
@@ -274,11 +279,7 @@ class Body:
             **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("attention_window.mlir").substitute(subs))
-        old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
-        new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
-        hhd = self.act(heads * head_dim)
-        args = [(q, hhd), (kv_old[0], old), (kv_old[1], old), (kv_new[0], new), (kv_new[1], new)]
-        return self.call(name, args, hhd, "attn")
+        return self._attention_call(name, q, kv_old, kv_new, heads, heads_kv, head_dim)
 
     def gelu_gated(self, gate: str, up: str, d: int, hint: str) -> str:
         """gelu_tanh(gate) * up on [T, d]."""

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import GOLDEN, SessionFactory, device_params
+from zinc.runtime.session import ModelSession
 
 NEAR_TIE = 0.5  # logits; the largest gap at which zinc (exact) and llama.cpp (q8 activations) may disagree
 TOP1_TOL = 0.5  # first-step top logits, zinc vs llama.cpp (observed up to 0.33 on the code prompt)
@@ -48,6 +49,20 @@ def check_tokens(ours: list[int], prompt: dict[str, Any]) -> int:
     return len(ours)
 
 
+def run_prompt(session: ModelSession, prompt: dict[str, Any], n: int, top1_tol: float) -> int:
+    """Check the first step's top logits against llama.cpp's (within `top1_tol`), generate `n`
+    greedy tokens (EOS not stopping, as in the golden run) and return how many agree."""
+    step = session.prefill(prompt["ids"])
+    logits = step.logits()
+    for tok, value in prompt["first_token_top5"][:3]:
+        assert abs(float(logits[tok]) - value) < top1_tol, f"{prompt['text']!r}: logit of {tok}"
+    ours = [step.token]
+    while len(ours) < n:
+        ours.append(session.decode(ours[-1], len(prompt["ids"]) + len(ours) - 1).token)
+    assert len(ours) == n
+    return check_tokens(ours, prompt)
+
+
 @pytest.mark.golden
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
 def test_smollm2_greedy_matches_llama_cpp(device: str, smollm2: Path, open_session: SessionFactory) -> None:
@@ -56,14 +71,6 @@ def test_smollm2_greedy_matches_llama_cpp(device: str, smollm2: Path, open_sessi
     n = data["settings"]["gen_tokens"] if device != "vulkan" else VULKAN_TOKENS
     matched = []
     for prompt in data["prompts"]:
-        step = session.prefill(prompt["ids"])
-        logits = step.logits()
-        for tok, value in prompt["first_token_top5"][:3]:
-            assert abs(float(logits[tok]) - value) < TOP1_TOL, f"{prompt['text']!r}: logit of {tok}"
-        ours = [step.token]  # greedy, EOS not stopping (as in the golden run)
-        while len(ours) < n:
-            ours.append(session.decode(ours[-1], len(prompt["ids"]) + len(ours) - 1).token)
-        assert len(ours) == n
-        matched.append(check_tokens(ours, prompt))
+        matched.append(run_prompt(session, prompt, n, TOP1_TOL))
     # every prompt must agree for a while; SmolLM2's first prompt meets a 0.33 near-tie at token 5
     assert min(matched) >= min(5, n), matched
