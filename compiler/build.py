@@ -20,6 +20,7 @@ import numpy as np
 
 from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
 from zinc.compiler import llama, tiled
+from zinc.compiler.graph import DEFAULT_BATCH_SIZES, decode_entry
 from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
 from zinc.errors import ArtifactError
@@ -51,6 +52,7 @@ class Plan:
     mlir: str
     flags: tuple[str, ...]
     repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int]]  # see ModuleEmitter.repacked
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets (decode_b{B} entry points)
 
 
 def _source_digest() -> str:
@@ -66,23 +68,32 @@ def _source_digest() -> str:
     return h.hexdigest()
 
 
-def artifact_key(gguf: GGUFModel, target: str) -> str:
-    """The cache key of an artifact: GGUF identity, target, flags, versions and the sources."""
+def batch_buckets(batch_sizes: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The decode buckets to compile: 1 (single-sequence decode) plus the requested sizes."""
+    sizes = DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes
+    if any(not 1 <= b <= 64 for b in sizes):
+        raise ArtifactError(f"batch sizes must be between 1 and 64, not {list(sizes)}")
+    return tuple(sorted({1, *sizes}))
+
+
+def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> str:
+    """The cache key of an artifact: GGUF identity, target, flags, batch buckets, versions and the sources."""
     h = hashlib.sha256()
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *TARGET_FLAGS[target],
-        gguf.identity, str(gguf.file_size), _source_digest(),
+        gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
 
 
-def plan(gguf_path: str | os.PathLike[str], target: str) -> Plan:
+def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int, ...] | None = None) -> Plan:
     gguf = open_gguf(gguf_path)
     desc = describe(gguf)
-    mod = llama.emit_module(desc, tiled=check_target(target) == "cpu")
+    buckets = batch_buckets(batch_sizes)
+    mod = llama.emit_module(desc, tiled=check_target(target) == "cpu", batch_sizes=buckets)
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
-                repacked=dict(mod.repacked))  # fmt: skip
+                repacked=dict(mod.repacked), batch_sizes=buckets)  # fmt: skip
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
@@ -115,7 +126,8 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
         gguf_file_size=p.gguf.file_size,
         architecture=desc.hparams.architecture,
         hparams=desc.hparams,
-        entry_points=list(llama.ENTRY_POINTS),
+        entry_points=[*llama.ENTRY_POINTS, *(decode_entry(b) for b in p.batch_sizes)],
+        batch_sizes=list(p.batch_sizes),
         vmfb=vmfb_name,
         vmfb_sha256=sha256_bytes(vmfb),
         mlir_sha256=sha256_bytes(p.mlir.encode()),
@@ -132,11 +144,14 @@ def ensure_artifact(
     target: str,
     progress: Progress | None = None,
     cache_dir: Path | None = None,
+    batch_sizes: tuple[int, ...] | None = None,
 ) -> Path:
-    """The cached artifact for this GGUF and target, compiling it if absent or broken."""
+    """The cached artifact for this GGUF, target and batch buckets, compiling it if absent or broken."""
     say = progress or (lambda _msg: None)
     gguf = open_gguf(gguf_path)
-    directory = (cache_dir or cache_root()) / f"{gguf.path.stem}-{check_target(target)}-{artifact_key(gguf, target)}"
+    kind = check_target(target)
+    key = artifact_key(gguf, target, batch_buckets(batch_sizes))
+    directory = (cache_dir or cache_root()) / f"{gguf.path.stem}-{kind}-{key}"
     if (directory / MANIFEST).exists():
         try:
             load_manifest(directory, gguf)
@@ -144,4 +159,4 @@ def ensure_artifact(
             return directory
         except ArtifactError as exc:
             say(f"rebuilding broken cache entry: {exc.message}")
-    return compile_model(plan(gguf_path, target), directory, progress)
+    return compile_model(plan(gguf_path, target, batch_sizes), directory, progress)

@@ -146,6 +146,18 @@ class Body:
         self.mod.repacked[tensor] = (sources or (tensor,), q, n, k)
         planes = tiled.plane_types(q, n, k)
         args = [(self.load(self.mod.param(f"{tensor}.{p}", ty), ty), ty) for p, ty in planes.items()]
+        if self.rows:  # a decode batch: the single-token kernel with a row loop, on static rows
+            name = self.mod.helper(
+                tiled.decode_name(q, n, k, self.rows), tiled.render_decode(q, n, k, self.rows)
+            )
+            xs = self.fresh("rows_in")
+            self.emit(f"{xs} = tensor.cast {x} : {self.act(k)} to tensor<{self.rows}x{k}xf32>")
+            y = self.call(
+                name, [*args, (xs, f"tensor<{self.rows}x{k}xf32>")], f"tensor<{self.rows}x{n}xf32>", hint
+            )
+            out = self.fresh(hint)
+            self.emit(f"{out} = tensor.cast {y} : tensor<{self.rows}x{n}xf32> to {self.act(n)}")
+            return out
         if self.dynamic:
             name = self.mod.helper(tiled.prefill_name(q, n, k), tiled.render_prefill(q, n, k))
         else:
@@ -173,44 +185,37 @@ class Body:
         return self.call(name, [(x, self.act(d)), (w, f"tensor<{d}xf32>")], self.act(d), hint)
 
     def rope(self, x: str, start: str, heads: int, head_dim: int, n_rot: int, base: float, hint: str) -> str:
-        name = f"rope_norm_{self.t_tag}_{heads}x{head_dim}"
+        """RoPE at positions `start` + t, or, when `start` names a [T] i32 tensor (`per_row`), at
+        each row's own position (a batch of sequences)."""
+        name = f"rope_norm_{self.t_tag}{self._pos_tag}_{heads}x{head_dim}"
         subs = {
             "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
             "NR2": str(n_rot // 2), "NEG2_OVER_NR": f32_const(-2.0 / n_rot), "BASE": f32_const(base),
-            **t_dims(self.dynamic),
+            **t_dims(self.dynamic), **self._pos_subs(),
         }  # fmt: skip
         self.mod.helper(name, template("rope_norm.mlir").substitute(subs))
         hhd = self.act(heads * head_dim)
-        return self.call(name, [(x, hhd), (start, "index")], hhd, hint)
+        return self.call(name, [(x, hhd), (start, self._pos_type)], hhd, hint)
 
-    def attention(
-        self,
-        q: str,
-        kv_old: tuple[str, str],
-        kv_new: tuple[str, str],
-        heads: int,
-        heads_kv: int,
-        head_dim: int,
-    ) -> str:
-        """Attention of T queries over cached rows (`kv_old`, [S, Hkv, hd]) and this step's rows."""
-        name = f"attention_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
-        subs = {
-            "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
-            "HD": str(head_dim), "SCALE": f32_const(head_dim**-0.5),
-            "DYN_S": "%T, %S" if self.dynamic else "%S", "DYN_TT": "%T, %T" if self.dynamic else "",
-            **t_dims(self.dynamic),
-        }  # fmt: skip
-        self.mod.helper(name, template("attention.mlir").substitute(subs))
-        return self._attention_call(name, q, kv_old, kv_new, heads, heads_kv, head_dim)
+    per_row = False  # positions come per row from a [T] i32 tensor (batched decode)
+    rows = 0  # a decode batch of this many rows (T = ? in the types, static in fact): batch kernels
 
-    def _attention_call(
-        self, name: str, q: str, kv_old: tuple[str, str], kv_new: tuple[str, str], heads: int, heads_kv: int, head_dim: int
-    ) -> str:
-        old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
-        new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
-        hhd = self.act(heads * head_dim)
-        args = [(q, hhd), (kv_old[0], old), (kv_old[1], old), (kv_new[0], new), (kv_new[1], new)]
-        return self.call(name, args, hhd, "attn")
+    @property
+    def _pos_tag(self) -> str:
+        return "p" if self.per_row else ""
+
+    @property
+    def _pos_type(self) -> str:
+        return f"tensor<{self.t}xi32>" if self.per_row else "index"
+
+    def _pos_subs(self) -> dict[str, str]:
+        if not self.per_row:
+            return {"POS_ARG": "%start: index", "POS_EXPR": "%p = arith.addi %start, %t : index"}
+        return {
+            "POS_ARG": f"%pos: tensor<{self.t}xi32>",
+            "POS_EXPR": f"%pe = tensor.extract %pos[%t] : tensor<{self.t}xi32>\n"
+            "      %p = arith.index_cast %pe : i32 to index",
+        }
 
     def elementwise(self, op: str, a: str, b: str, d: int, hint: str) -> str:
         suffix = f"{self.t_tag}_{d}"
@@ -236,15 +241,15 @@ class Body:
         self, x: str, start: str, heads: int, head_dim: int, base: float, freq_scale: float, hint: str
     ) -> str:
         """NEOX RoPE (dim i pairs with i + head_dim/2) over every dim, positions scaled by `freq_scale`."""
-        name = f"rope_neox_{self.t_tag}_{heads}x{head_dim}_b{_sym(base)}_s{_sym(freq_scale)}"
+        name = f"rope_neox_{self.t_tag}{self._pos_tag}_{heads}x{head_dim}_b{_sym(base)}_s{_sym(freq_scale)}"
         subs = {
             "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
             "NEG2_OVER_NR": f32_const(-2.0 / head_dim), "BASE": f32_const(base),
-            "FREQ_SCALE": f32_const(freq_scale), **t_dims(self.dynamic),
+            "FREQ_SCALE": f32_const(freq_scale), **t_dims(self.dynamic), **self._pos_subs(),
         }  # fmt: skip
         self.mod.helper(name, template("rope_neox.mlir").substitute(subs))
         hhd = self.act(heads * head_dim)
-        return self.call(name, [(x, hhd), (start, "index")], hhd, hint)
+        return self.call(name, [(x, hhd), (start, self._pos_type)], hhd, hint)
 
     def rmsnorm_heads(self, x: str, w: str, heads: int, head_dim: int, eps: float, hint: str) -> str:
         """RMSNorm of each head of x [T, heads*head_dim] with one [head_dim] weight (QK-norm)."""
@@ -262,14 +267,16 @@ class Body:
         q: str,
         kv_old: tuple[str, str],
         kv_new: tuple[str, str],
+        start: str,
         heads: int,
         heads_kv: int,
         head_dim: int,
         scale: float,
         window: int,
     ) -> str:
-        """`attention` with query scale `scale` and keys limited to the last `window` positions
-        (0: no window)."""
+        """Attention of T queries at positions `start` + t over the cached rows (`kv_old`, [S, Hkv, hd],
+        the first `start` valid) and this step's rows, with query scale `scale` and keys limited to
+        the last `window` positions (0: no window); mlir/attention_window.mlir."""
         win = window or NO_WINDOW
         name = f"attention_w{win}_s{_sym(scale)}_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
         subs = {
@@ -279,13 +286,25 @@ class Body:
             **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("attention_window.mlir").substitute(subs))
-        return self._attention_call(name, q, kv_old, kv_new, heads, heads_kv, head_dim)
+        old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
+        new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
+        hhd = self.act(heads * head_dim)
+        args = [
+            (q, hhd),
+            (kv_old[0], old),
+            (kv_old[1], old),
+            (kv_new[0], new),
+            (kv_new[1], new),
+            (start, "index"),
+        ]
+        return self.call(name, args, hhd, "attn")
 
     def gelu_gated(self, gate: str, up: str, d: int, hint: str) -> str:
         """gelu_tanh(gate) * up on [T, d]."""
         suffix = f"{self.t_tag}_{d}"
         name = self.mod.helper(
-            f"geglu_{suffix}", template("geglu.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic))
+            f"geglu_{suffix}",
+            template("geglu.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic)),
         )
         return self.call(name, [(gate, self.act(d)), (up, self.act(d))], self.act(d), hint)
 
@@ -293,7 +312,8 @@ class Body:
         """x [T, d] + bias [d]."""
         suffix = f"{self.t_tag}_{d}"
         name = self.mod.helper(
-            f"bias_{suffix}", template("bias_add.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic))
+            f"bias_{suffix}",
+            template("bias_add.mlir").substitute(SUFFIX=suffix, D=str(d), **t_dims(self.dynamic)),
         )
         return self.call(name, [(x, self.act(d)), (bias, f"tensor<{d}xf32>")], self.act(d), hint)
 

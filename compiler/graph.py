@@ -10,74 +10,73 @@ llama, qwen2, qwen3 and gemma3 (names follow GGUF tensors), switched by the reci
   (ffn_gate, ffn_up) -> ffn_down -> [post_ffw_norm] -> residual;
   then output_norm on the last position, logits [softcapped] and the greedy token.
 
-Entry points (the artifact contract, see zinc/artifact.py):
-  prefill(cache [L,2,S,Hkv,hd] f32, ids [T] i32, start index) -> (rows [L,2,T,Hkv,hd], logits [1,V], token [1] i32)
-  decode (cache,                    ids [1] i32, pos index)   -> (rows [L,2,1,Hkv,hd], logits [1,V], token [1] i32)
-  kv_write(cache, rows, start) -> cache   (in place, `iree.abi.output = 0`)
+Entry points (the artifact contract, see zinc/artifact.py). The KV cache is one slot-major slab
+[NS, L, 2, Hkv, hd]; a sequence's positions live in slots its page table names (zinc.engine.pages),
+so every step takes the slots of the cached positions it attends over:
+  prefill(cache, ids [T] i32, start index, ctx [max(start, 1)] i32)
+      -> (rows [T,L,2,Hkv,hd], logits [1,V], token [1] i32)       one sequence, positions start..;
+                                                                  ctx: the slots of positions < start
+  decode_b{B}(cache, ids [B] i32, pos [B] i32, ctx [B,S] i32)
+      -> (rows [B,L,2,Hkv,hd], logits [B,V], tokens [B] i32)      B sequences, one token each;
+                                                                  row b sees ctx[b, :pos[b]]
+  kv_write(cache, rows [T,L,2,Hkv,hd], slots [T] i32) -> cache    in place (`iree.abi.output = 0`)
+B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
+kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
 The step functions only read the cache; the caller owns the slab on the device and calls
 kv_write with the step's new K/V rows. K rows are stored after QK-norm and RoPE.
-Imports: zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
+Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels, zinc.model.hparams.
 """
 
 from __future__ import annotations
 
+from zinc.compiler import paged
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.kernels import QuantType, quant_type
 from zinc.model.hparams import HParams, ModelDescription
 
-ENTRY_POINTS = ("prefill", "decode", "kv_write")
+DEFAULT_BATCH_SIZES = (1, 4, 8)
+ENTRY_POINTS = ("prefill", "kv_write")  # and decode_entry(B) for each batch size
+
+
+def decode_entry(batch: int) -> str:
+    return f"decode_b{batch}"
 
 
 def cache_type(desc: ModelDescription) -> str:
-    hp = desc.hparams
-    return f"tensor<{hp.block_count}x2x?x{hp.head_count_kv}x{hp.key_length}xf32>"
+    return paged.slab_type(desc.hparams)
 
 
 def build_module(desc: ModelDescription, module_name: str = "zinc_model") -> str:
     return emit_module(desc).text(module_name)
 
 
-def emit_module(desc: ModelDescription, tiled: bool = False) -> ModuleEmitter:
-    """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU)."""
+def emit_module(
+    desc: ModelDescription, tiled: bool = False, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+) -> ModuleEmitter:
+    """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU);
+    one decode entry per batch size (1 is always included: single-sequence decode)."""
     mod = ModuleEmitter(tiled=tiled)
-    for entry in ("prefill", "decode"):
-        mod.entries.append(_Entry(mod, desc, dynamic=entry == "prefill").text(entry))
-    mod.entries.append(_kv_write(desc))
+    mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
+    for batch in sorted({1, *batch_sizes}):
+        mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
+    mod.entries.append(paged.kv_write(desc.hparams))
     return mod
 
 
-def _kv_write(desc: ModelDescription) -> str:
-    """`kv_write(cache, rows [L,2,T,Hkv,hd], start)`: the only writer of the slab, in place.
-
-    It is a separate call because IREE 3.13 drops the in-place write-back of an
-    `iree.abi.output` argument that the same function also reads (it updates a copy).
-    """
-    hp = desc.hparams
-    ct, nkv, hd, nl = cache_type(desc), hp.head_count_kv, hp.key_length, hp.block_count
-    nt = f"tensor<{nl}x2x?x{nkv}x{hd}xf32>"
-    return "\n".join(
-        [
-            f"func.func @kv_write(%cache: {ct}, %rows: {nt}, %start: index) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
-            "  %c2 = arith.constant 2 : index",
-            f"  %T = tensor.dim %rows, %c2 : {nt}",
-            f"  %r = tensor.insert_slice %rows into %cache[0, 0, %start, 0, 0] [{nl}, 2, %T, {nkv}, {hd}] "
-            f"[1, 1, 1, 1, 1] : {nt} into {ct}",
-            f"  return %r : {ct}",
-            "}",
-        ]
-    )
-
-
 class _Entry:
-    """One step function (`prefill` with T = ?, or `decode` with T = 1) being emitted."""
+    """One step function being emitted: `prefill` (batch 0: one sequence, T = ?) or a decode
+    bucket of `batch` sequences (1: the single-token kernels; more: the dynamic-T kernels on a
+    static batch, cast at the boundary so IREE specialises them)."""
 
-    def __init__(self, mod: ModuleEmitter, desc: ModelDescription, dynamic: bool) -> None:
+    def __init__(self, mod: ModuleEmitter, desc: ModelDescription, batch: int) -> None:
         self.mod, self.desc, self.hp = mod, desc, desc.hparams
-        self.b = Body(mod, dynamic)
-        self.dynamic = dynamic
-        self.tv = "%T" if dynamic else "1"
-        hp = self.hp
-        self.rows_type = f"tensor<{hp.block_count}x2x{self.b.t}x{hp.head_count_kv}x{hp.key_length}xf32>"
+        self.batch = batch
+        self.dynamic = batch != 1
+        self.b = Body(mod, self.dynamic)
+        self.b.per_row = batch > 0
+        self.b.rows = batch if batch > 1 else 0
+        self.tv = "%T" if self.dynamic else "1"
+        self.rows_type = paged.rows_type(self.hp, self.b.t)
 
     def q(self, name: str) -> QuantType:
         return quant_type(self.desc.tensor_types[name], name)
@@ -103,6 +102,7 @@ class _Entry:
         d, nv = hp.embedding_length, hp.vocab_size
         ct, t = cache_type(self.desc), b.t
         b.emit("%c0 = arith.constant 0 : index")
+        args = self._arguments()
         b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{t}xi32>")
         q_embd = self.q("token_embd.weight")
         embd = b.load(self.mod.param("token_embd.weight", q_embd.param_type(nv, d)), q_embd.param_type(nv, d))
@@ -114,12 +114,33 @@ class _Entry:
         for il in range(hp.block_count):
             x, new_rows = self.layer(il, x, new_rows)
         token, logits = self.output(x)
-        b.emit(f"return {new_rows}, {logits}, {token} : {self.rows_type}, tensor<1x{nv}xf32>, tensor<1xi32>")
-        sig = (
-            f"func.func @{name}(%cache: {ct}, %ids: tensor<{t}xi32>, %start: index) -> "
-            f"({self.rows_type}, tensor<1x{nv}xf32>, tensor<1xi32>) {{"
-        )
+        n = self.batch or 1  # rows of logits: the last position of a prefill, else one per sequence
+        results = [(new_rows, self.rows_type), (logits, f"tensor<{b.t if self.batch > 1 else 1}x{nv}xf32>"),
+                   (token, f"tensor<{'?' if self.batch > 1 else 1}xi32>")]  # fmt: skip
+        if self.batch > 1:  # back to the bucket's static shapes
+            results = [
+                (self._cast(v, ty, ty.replace("<?", f"<{n}")), ty.replace("<?", f"<{n}")) for v, ty in results
+            ]
+        b.emit(f"return {', '.join(v for v, _ in results)} : {', '.join(ty for _, ty in results)}")
+        sig = f"func.func @{name}(%cache: {ct}, {args}) -> ({', '.join(ty for _, ty in results)}) {{"
         return "\n".join([sig, *b.lines, "}"])
+
+    def _arguments(self) -> str:
+        """The entry's arguments after the cache; binds %ids, %ctx and %start or %pos."""
+        b = self.b
+        if self.batch == 0:
+            return "%ids: tensor<?xi32>, %start: index, %ctx: tensor<?xi32>"
+        n = self.batch
+        if n == 1:
+            return "%ids: tensor<1xi32>, %pos: tensor<1xi32>, %ctx: tensor<1x?xi32>"
+        for arg, static, dyn in (("ids", f"{n}", "?"), ("pos", f"{n}", "?"), ("ctx", f"{n}x?", "?x?")):
+            b.emit(f"%{arg} = tensor.cast %{arg}_b : tensor<{static}xi32> to tensor<{dyn}xi32>")
+        return f"%ids_b: tensor<{n}xi32>, %pos_b: tensor<{n}xi32>, %ctx_b: tensor<{n}x?xi32>"
+
+    def _cast(self, value: str, src: str, dst: str) -> str:
+        out = self.b.fresh("static")
+        self.b.emit(f"{out} = tensor.cast {value} : {src} to {dst}")
+        return out
 
     def layer(self, il: int, x: str, new_rows: str) -> tuple[str, str]:
         hp, b, p = self.hp, self.b, f"blk.{il}."
@@ -172,29 +193,46 @@ class _Entry:
             )
             nxt = b.fresh("kv_new")
             b.emit(
-                f"{nxt} = tensor.insert_slice {v3} into {new_rows}[{il}, {part}, 0, 0, 0] "
-                f"[1, 1, {tv}, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}xf32> into {self.rows_type}"
+                f"{nxt} = tensor.insert_slice {v3} into {new_rows}[0, {il}, {part}, 0, 0] "
+                f"[{tv}, 1, 1, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}xf32> into {self.rows_type}"
             )
             new_rows = nxt
             new_kv.append(v3)
-        old_kv = []
-        for part in (0, 1):  # the cached rows [0, start) of this layer's K and V
-            rows = b.fresh("kv_old")
-            b.emit(
-                f"{rows} = tensor.extract_slice %cache[{il}, {part}, 0, 0, 0] [1, 1, %start, {nkv}, {hd}] "
-                f"[1, 1, 1, 1, 1] : {cache_type(self.desc)} to tensor<?x{nkv}x{hd}xf32>"
+        if self.batch:  # each row its own sequence: its cached rows [T, S, Hkv, hd], pos[t] of them valid
+            old = [paged.gather_kv(b, hp, "%ctx", True, il, part) for part in (0, 1)]
+            att = paged.attention_batch(
+                b,
+                qc,
+                (old[0], old[1]),
+                (new_kv[0], new_kv[1]),
+                "%pos",
+                nh,
+                nkv,
+                hd,
+                hp.q_scale(),
+                hp.window(il),
             )
-            old_kv.append(rows)
-        kv_old, kv_new = (old_kv[0], old_kv[1]), (new_kv[0], new_kv[1])
-        window, scale = hp.window(il), hp.q_scale()
-        if window == 0 and scale == hd**-0.5:
-            return b.attention(qc, kv_old, kv_new, nh, nkv, hd), new_rows
-        return b.attention_window(qc, kv_old, kv_new, nh, nkv, hd, scale, window), new_rows
+            return att, new_rows
+        old = [
+            paged.gather_kv(b, hp, "%ctx", False, il, part) for part in (0, 1)
+        ]  # the cached rows [start, Hkv, hd]
+        kv_old, kv_new = (old[0], old[1]), (new_kv[0], new_kv[1])
+        att = b.attention_window(qc, kv_old, kv_new, "%start", nh, nkv, hd, hp.q_scale(), hp.window(il))
+        return att, new_rows
 
     def output(self, x: str) -> tuple[str, str]:
-        """The greedy token and the logits [1, V] of the last position."""
+        """The greedy token(s) and the logits: of the last position (prefill) or of every row."""
         hp, b = self.hp, self.b
         d, nv = hp.embedding_length, hp.vocab_size
+        out_name = "token_embd.weight" if hp.tied_output else "output.weight"
+        if self.batch > 1:
+            x = b.rmsnorm(
+                x, self.vector("output_norm.weight", d), d, hp.layer_norm_rms_epsilon, "result_norm"
+            )
+            logits = b.linear(out_name, self.q(out_name), nv, d, x, "result_output")
+            if hp.final_logit_softcapping:
+                logits = b.softcap(logits, hp.final_logit_softcapping, nv, "result_softcap")
+            return paged.argmax_rows(b, logits, nv), logits
         if self.dynamic:  # only the last position's logits are needed
             last = b.fresh("last")
             b.emit("%c1 = arith.constant 1 : index")
@@ -206,7 +244,6 @@ class _Entry:
         one = b.single_token_view()
         w = self.vector("output_norm.weight", d, one)
         x = one.rmsnorm(x, w, d, hp.layer_norm_rms_epsilon, "result_norm")
-        out_name = "token_embd.weight" if hp.tied_output else "output.weight"
         logits = one.linear(out_name, self.q(out_name), nv, d, x, "result_output")
         if hp.final_logit_softcapping:
             logits = one.softcap(logits, hp.final_logit_softcapping, nv, "result_softcap")
@@ -214,6 +251,7 @@ class _Entry:
 
 
 def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str) -> str:
+    pos = "%pos" if b.per_row else "%start"
     if hp.rope_type == "neox":
-        return b.rope_neox(x, "%start", heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint)
-    return b.rope(x, "%start", heads, hp.key_length, hp.rope_dimension_count, hp.rope_base(il), hint)
+        return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint)
+    return b.rope(x, pos, heads, hp.key_length, hp.rope_dimension_count, hp.rope_base(il), hint)

@@ -1,9 +1,14 @@
-// Causal grouped-query attention with a sliding window (gemma3's local layers) and a given query
-// scale: the same two-part computation as attention.mlir (cached rows [0, S) from the slab, this
-// step's T rows at positions S + t), where query t (position S + t) sees key position p only if
-// p <= S + t and S + t - p < WINDOW. WINDOW is huge for a global layer with a custom SCALE.
+// Causal grouped-query attention of T new tokens at positions start + t, with a sliding window
+// (gemma3's local layers; WINDOW is huge elsewhere) and a given query scale. Keys come in two
+// parts: the cached rows (k_old/v_old [S, HKV, HD], gathered from the slab by slot; rows s >= start
+// are padding, since an empty gather cannot be dispatched on Vulkan) and this step's rows
+// (k_new/v_new [T, HKV, HD]), so the slab is only written once per step, after all reads.
+// q [T, H*HD] with H = HKV * G query heads. Query t (position start + t) sees key position p
+// only if p <= start + t and start + t - p < WINDOW. Softmax in f32 with the max subtracted,
+// accumulated over both parts.
 func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %ko: tensor<?x${HKV}x${HD}xf32>, %vo: tensor<?x${HKV}x${HD}xf32>,
-                           %kn: tensor<${T}x${HKV}x${HD}xf32>, %vn: tensor<${T}x${HKV}x${HD}xf32>) -> tensor<${T}x${HHD}xf32> {
+                           %kn: tensor<${T}x${HKV}x${HD}xf32>, %vn: tensor<${T}x${HKV}x${HD}xf32>,
+                           %start: index) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %q, %c0 : tensor<${T}x${HHD}xf32>
   %S = tensor.dim %ko, %c0 : tensor<?x${HKV}x${HD}xf32>
@@ -24,17 +29,19 @@ func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %ko: tensor<?x${HKV}x${H
       %r = arith.addf %o, %m : f32
       linalg.yield %r : f32
   } -> tensor<${HKV}x${G}x${T}x?xf32>
-  // the window on the cached rows: key s is visible to query t when S + t - s < WINDOW
+  // key s is visible to query t when it is cached (s < start) and start + t - s < WINDOW
   %som = linalg.generic {indexing_maps = [affine_map<(g, r, t, s) -> (g, r, t, s)>, affine_map<(g, r, t, s) -> (g, r, t, s)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
       ins(%so : tensor<${HKV}x${G}x${T}x?xf32>) outs(%eso : tensor<${HKV}x${G}x${T}x?xf32>) {
     ^bb0(%a: f32, %o: f32):
       %t = linalg.index 2 : index
       %s = linalg.index 3 : index
-      %qp = arith.addi %S, %t : index
+      %qp = arith.addi %start, %t : index
       %d = arith.subi %qp, %s : index
       %w = arith.constant ${WINDOW} : index
-      %ok = arith.cmpi ult, %d, %w : index
+      %near = arith.cmpi ult, %d, %w : index
+      %cached = arith.cmpi ult, %s, %start : index
+      %ok = arith.andi %near, %cached : i1
       %r = arith.select %ok, %a, %ninf : f32
       linalg.yield %r : f32
   } -> tensor<${HKV}x${G}x${T}x?xf32>

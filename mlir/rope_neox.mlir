@@ -1,7 +1,8 @@
 // RoPE in llama.cpp's NEOX mode (qwen2, qwen3, gemma3): dim i of a head pairs with dim i + HD/2.
 // x: [T, H*HD] at positions start + t, viewed as [T, H, 2, P] with P = HD/2 (every dim rotates).
 // Pair i rotates by theta = (start + t) * FREQ_SCALE * BASE^(-2i/HD); FREQ_SCALE is linear scaling.
-func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %start: index) -> tensor<${T}x${HHD}xf32> {
+// (In a batch of sequences each row has its own position: POS_ARG/POS_EXPR read it from %pos.)
+func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, ${POS_ARG}) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %x, %c0 : tensor<${T}x${HHD}xf32>
   %xr = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [${TV}, ${H}, 2, ${P}]
@@ -15,7 +16,7 @@ func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %start: index) -> tensor
       %t = linalg.index 0 : index
       %c = linalg.index 2 : index
       %i = linalg.index 3 : index
-      %p = arith.addi %start, %t : index
+      ${POS_EXPR}
       %pi = arith.index_cast %p : index to i64
       %pf0 = arith.sitofp %pi : i64 to f32
       %fs = arith.constant ${FREQ_SCALE} : f32

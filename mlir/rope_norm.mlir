@@ -1,7 +1,8 @@
 // RoPE on adjacent pairs (llama.cpp's "norm" mode; GGUF llama q/k weights are permuted for it).
 // x: [T, H*HD] at positions start + t. Pair i of a head (i < NR/2) rotates by
 // theta = pos * base^(-2i/NR); dims past NR (partial rotary) pass through.
-func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %start: index) -> tensor<${T}x${HHD}xf32> {
+// (In a batch of sequences each row has its own position: POS_ARG/POS_EXPR read it from %pos.)
+func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, ${POS_ARG}) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %x, %c0 : tensor<${T}x${HHD}xf32>
   %xr = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [${TV}, ${H}, ${P}, 2]
@@ -15,7 +16,7 @@ func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %start: index) -> tensor
       %t = linalg.index 0 : index
       %i = linalg.index 2 : index
       %c = linalg.index 3 : index
-      %p = arith.addi %start, %t : index
+      ${POS_EXPR}
       %pi = arith.index_cast %p : index to i64
       %pf = arith.sitofp %pi : i64 to f32
       %ii = arith.index_cast %i : index to i64

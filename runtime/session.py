@@ -1,9 +1,13 @@
-"""A model session: one compiled artifact, its GGUF weights and its KV cache on one device.
+"""A model session: one compiled artifact, its GGUF weights and its paged KV cache on one device.
 
 Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF and the device),
-allocates the KV slab on the device once, and runs `prefill` (a prompt, split into chunks) and
-`decode` (one token) as one step call plus one in-place `kv_write` call each. Only the greedy
-token (4 bytes) crosses back to the host unless the caller asks for the logits.
+allocates the KV slab on the device once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch
+that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call:
+`prefill_slots` (a prompt of one sequence, split into chunks) and `decode_batch` (one token for
+each of up to max(batch_sizes) sequences, padded to a compiled bucket), each given the slots of
+the positions it reads and writes; `prefill` / `decode` are the single-sequence forms with
+slot = position. Only the greedy tokens (4 bytes each) cross back to the host unless the caller
+asks for logits.
 Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model, zinc.errors.
 """
 
@@ -45,9 +49,39 @@ class StepResult:
         return np.asarray(to_host(self._logits, self._session.device)[0], dtype=np.float32)
 
 
+@dataclass
+class BatchStepResult:
+    """The outcome of one batched decode step; row i is the i-th sequence given."""
+
+    _session: ModelSession
+    _tokens: Any
+    _logits: Any
+    _host_tokens: np.ndarray[Any, np.dtype[np.int32]] | None = None
+    _host_logits: np.ndarray[Any, np.dtype[np.float32]] | None = None
+
+    def token(self, i: int) -> int:
+        if self._host_tokens is None:
+            self._host_tokens = np.asarray(to_host(self._tokens, self._session.device), dtype=np.int32)
+        return int(self._host_tokens[i])
+
+    def logits(self, i: int) -> np.ndarray[Any, np.dtype[np.float32]]:
+        if self._host_logits is None:
+            self._host_logits = np.asarray(to_host(self._logits, self._session.device), dtype=np.float32)
+        row: np.ndarray[Any, np.dtype[np.float32]] = self._host_logits[i]
+        return row
+
+
+Slots = np.ndarray[Any, np.dtype[np.int32]]
+
+
 class ModelSession:
     def __init__(
-        self, artifact_dir: Path, gguf_path: Path, device: DeviceSpec, context_length: int | None = None
+        self,
+        artifact_dir: Path,
+        gguf_path: Path,
+        device: DeviceSpec,
+        context_length: int | None = None,
+        kv_slots: int | None = None,
     ):
         gguf = open_gguf(gguf_path)
         self.manifest: Manifest = load_manifest(artifact_dir, gguf)
@@ -60,6 +94,9 @@ class ModelSession:
         self.hparams = hp
         self.device_spec = device
         self.context_length = min(context_length or DEFAULT_CONTEXT, hp.context_length)
+        # slot 0 is scratch; a single sequence (slot = position + 1 ... see _own_slots) needs context + 1
+        self.kv_slots = max(kv_slots or 0, self.context_length + 1)
+        self.batch_sizes = tuple(sorted(self.manifest.batch_sizes))
         self.module = LoadedModule(
             artifact_dir / self.manifest.vmfb,
             device.uri,
@@ -67,18 +104,25 @@ class ModelSession:
         )
         self.device = self.module.device
         self._prefill = self.module.fn("prefill")
-        self._decode = self.module.fn("decode")
+        self._decode = {b: self.module.fn(f"decode_b{b}") for b in self.batch_sizes}
         self._kv_write = self.module.fn("kv_write")
-        shape = (hp.block_count, 2, self.context_length, hp.head_count_kv, hp.key_length)
-        self.cache = self.module.empty_f32(shape)  # [L, 2, S, Hkv, hd]; rows [0, pos) are ever read
+        self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
+        self.cache = self.module.empty_f32((self.kv_slots, *self.row_shape))  # only written slots are read
+        zero = np.zeros(
+            (1, *self.row_shape), dtype=np.float32
+        )  # padding reads scratch slot 0: keep it finite
+        self._kv_write(self.cache, self.module.to_device(zero), self.module.to_device(np.zeros(1, np.int32)))
 
     @property
     def vocab_size(self) -> int:
         return self.hparams.vocab_size
 
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
     def kv_cache_bytes(self) -> int:
-        hp = self.hparams
-        return hp.block_count * 2 * self.context_length * hp.head_count_kv * hp.key_length * 4
+        return self.kv_slots * int(np.prod(self.row_shape)) * 4
 
     def _check(self, ids: Sequence[int], start: int) -> np.ndarray[Any, np.dtype[np.int32]]:
         arr = np.asarray(ids, dtype=np.int64)
@@ -90,22 +134,62 @@ class ModelSession:
             raise ContextLengthExceededError(start + int(arr.size), self.context_length)
         return arr.astype(np.int32)
 
-    def prefill(self, ids: Sequence[int], start: int = 0) -> StepResult:
-        """Run the prompt `ids` at positions start.. and return the last position's step."""
+    def _slots(self, slots: Slots | Sequence[int], n: int) -> Slots:
+        arr = np.asarray(slots, dtype=np.int32)
+        if arr.shape != (n,) or (n and (arr.min() < 0 or arr.max() >= self.kv_slots)):
+            raise InvalidRequestError(f"a sequence needs {n} slots in [0, {self.kv_slots})")
+        return arr
+
+    def prefill_slots(self, ids: Sequence[int], start: int, slots: Slots | Sequence[int]) -> StepResult:
+        """Run `ids` of one sequence at positions start..; `slots[p]` is position p's slot."""
         arr = self._check(ids, start)
+        where = self._slots(slots, start + arr.size)
         result = None
         size = PREFILL_CHUNK[self.manifest.target]
         for off in range(0, arr.size, size):
             chunk = arr[off : off + size]
-            rows, logits, token = self._prefill(self.cache, self.module.to_device(chunk), start + off)
-            self._kv_write(self.cache, rows, start + off)
+            at = start + off
+            ctx = where[:at] if at else np.zeros(1, np.int32)  # never empty (Vulkan); padding is masked
+            rows, logits, token = self._prefill(
+                self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx)
+            )
+            self._kv_write(self.cache, rows, self.module.to_device(where[at : at + chunk.size]))
             result = StepResult(self, token, logits)
         assert result is not None
         return result
 
+    def decode_batch(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]
+    ) -> BatchStepResult:
+        """One token for each of B sequences: row i is `tokens[i]` at `positions[i]`, and
+        `slots[i]` the slots of its positions 0..positions[i] (the last one is written)."""
+        n = len(tokens)
+        if not 1 <= n <= self.max_batch or len(positions) != n or len(slots) != n:
+            raise InvalidRequestError(f"a decode batch holds 1 to {self.max_batch} sequences")
+        bucket = next(b for b in self.batch_sizes if b >= n)
+        ids = np.zeros(bucket, np.int32)
+        pos = np.zeros(bucket, np.int32)
+        width = max(1, max(positions))  # cached positions of the longest sequence
+        ctx = np.zeros((bucket, width), np.int32)  # padding points at scratch slot 0
+        write = np.zeros(bucket, np.int32)
+        for i, (token, p, own) in enumerate(zip(tokens, positions, slots, strict=True)):
+            ids[i] = self._check([token], p)[0]
+            where = self._slots(own, p + 1)
+            pos[i], ctx[i, :p], write[i] = p, where[:p], where[p]
+        to_dev = self.module.to_device
+        rows, logits, toks = self._decode[bucket](self.cache, to_dev(ids), to_dev(pos), to_dev(ctx))
+        self._kv_write(self.cache, rows, to_dev(write))
+        return BatchStepResult(self, toks, logits)
+
+    def _own_slots(self, n: int) -> Slots:
+        """The single-sequence slots: position p in slot p + 1 (slot 0 is scratch)."""
+        return np.arange(1, n + 1, dtype=np.int32)
+
+    def prefill(self, ids: Sequence[int], start: int = 0) -> StepResult:
+        """Run the prompt `ids` at positions start.. and return the last position's step."""
+        return self.prefill_slots(ids, start, self._own_slots(start + len(ids)))
+
     def decode(self, token: int, pos: int) -> StepResult:
         """Run one token at position `pos` (the number of tokens already in the cache)."""
-        arr = self._check([token], pos)
-        rows, logits, tok = self._decode(self.cache, self.module.to_device(arr), pos)
-        self._kv_write(self.cache, rows, pos)
-        return StepResult(self, tok, logits)
+        step = self.decode_batch([token], [pos], [self._own_slots(pos + 1)])
+        return StepResult(self, step._tokens, step._logits)

@@ -1,7 +1,7 @@
 """The artifact contract: a directory holding `model.<target>.vmfb` and `manifest.json`.
 
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
-entry points, KV-cache geometry, the vmfb's sha256, the `.irpa` archives of repacked weights), writing it atomically, and `load_manifest`,
+entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives of repacked weights), writing it atomically, and `load_manifest`,
 which refuses what it does not understand or what does not match the GGUF it is used with.
 Imports: zinc.errors, zinc.model (leaf-level helpers only). Anyone may import this module.
 """
@@ -22,13 +22,13 @@ from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: slot-major paged KV slab, decode_b{B} batch buckets
 MANIFEST = "manifest.json"
 
 
 @dataclass(frozen=True)
 class KVCacheGeometry:
-    layout: str = "[block_count, 2 (K|V), context, head_count_kv, key_length]"
+    layout: str = "[slots, block_count, 2 (K|V), head_count_kv, key_length]"  # a slot: one position's K/V
     dtype: str = "f32"
     writer: str = "kv_write"  # the step functions return new rows; this entry point stores them
 
@@ -48,6 +48,7 @@ class Manifest:
     vmfb_sha256: str
     mlir_sha256: str
     parameter_archives: list[str] = field(default_factory=list)  # `.irpa` files of repacked weights
+    batch_sizes: list[int] = field(default_factory=lambda: [1])  # decode buckets: entry decode_b{B}
     kv_cache: KVCacheGeometry = field(default_factory=KVCacheGeometry)
     sampling: str = "greedy token computed on the device (argmax); other samplers on the host from logits"
     format_version: int = FORMAT_VERSION

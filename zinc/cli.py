@@ -83,15 +83,32 @@ def compile_cmd(
     target: Annotated[str, typer.Option("--target", "-t", help=f"Compile target: {'|'.join(TARGETS)}")] = "cpu",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Artifact directory (default: the cache)")] = None,
     keep_ir: Annotated[bool, typer.Option("--keep-ir", help="Also write the generated MLIR")] = False,
+    batch: Annotated[
+        str | None, typer.Option("--batch", help="Decode batch buckets, e.g. 1,4,8,16 (default 1,4,8; 1 is always built)")
+    ] = None,
 ) -> None:
     """Compile MODEL.gguf into an artifact directory (vmfb + manifest.json)."""
     path = model_path(model)
+    sizes = parse_batch(batch)
     with err.status(f"compiling {path.name} for {target}..."):
         if output is None:
-            artifact = ensure_artifact(path, target, progress)
+            artifact = ensure_artifact(path, target, progress, batch_sizes=sizes)
         else:
-            artifact = compile_model(plan(path, target), output, progress, keep_ir=keep_ir)
+            artifact = compile_model(plan(path, target, sizes), output, progress, keep_ir=keep_ir)
     typer.echo(str(artifact))
+
+
+def parse_batch(text: str | None) -> tuple[int, ...] | None:
+    """`--batch 1,4,8` -> (1, 4, 8); a bad list is a usage error."""
+    if text is None:
+        return None
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        fail(f"--batch takes comma-separated integers, got {text!r}")
+    if not sizes or any(not 1 <= b <= 64 for b in sizes):
+        fail(f"--batch sizes must be between 1 and 64, got {text!r}")
+    return sizes
 
 
 @dataclass

@@ -38,12 +38,15 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], pattern: str) 
 @pytest.mark.e2e
 def test_compile_writes_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     out = tmp_path / "art"
-    proc = zinc("compile", str(tiny_models["tiny-q8-q41"]), "--target", "cpu", "-o", str(out), "--keep-ir")
+    proc = zinc(
+        "compile", str(tiny_models["tiny-q8-q41"]), "--target", "cpu", "-o", str(out), "--keep-ir", "--batch", "2,4"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == "cpu" and manifest["architecture"] == "llama"
-    assert manifest["entry_points"] == ["prefill", "decode", "kv_write"]
+    assert manifest["entry_points"] == ["prefill", "kv_write", "decode_b1", "decode_b2", "decode_b4"]
+    assert manifest["batch_sizes"] == [1, 2, 4]
     vmfb = out / manifest["vmfb"]
     # weights stay in the GGUF: no tensor's bytes appear in the module
     gguf = open_gguf(tiny_models["tiny-q8-q41"])
@@ -79,6 +82,8 @@ def test_prompt_ids_mode_is_deterministic(tiny_models: dict[str, Path]) -> None:
         (("compile", "pyproject.toml"), "not a GGUF file"),
         (("-m", "/nonexistent.gguf", "--prompt-ids", "1"), "model file not found"),
         (("--prompt-ids", "1,x"), "comma-separated integers"),
+        (("compile", "smollm2", "--batch", "4,x"), "comma-separated integers"),
+        (("compile", "smollm2", "--batch", "0,100"), "between 1 and 64"),
         (("compile", "pyproject.toml", "--target", "tpu"), "not a GGUF file"),
     ],
 )

@@ -1,0 +1,119 @@
+"""The paged KV cache in MLIR: gathering a sequence's cached rows by slot, batched attention,
+per-row argmax and the slot-indexed cache writer.
+
+Owns: the ops over the slot-major slab `[NS, L, 2, Hkv, hd]` (a slot holds one position's K and V
+for every layer; which slots a sequence owns is the runtime's page table, the kernels only see
+slot indices), and `kv_write`, the entry point that scatters a step's new rows into their slots.
+Imports: zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
+"""
+
+from __future__ import annotations
+
+from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
+from zinc.compiler.kernels import t_dims, template
+from zinc.model.hparams import HParams
+
+
+def slab_type(hp: HParams) -> str:
+    return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}xf32>"
+
+
+def rows_type(hp: HParams, t: str) -> str:
+    """A step's new K/V rows [T, L, 2, Hkv, hd]."""
+    return f"tensor<{t}x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}xf32>"
+
+
+def gather_kv(b: Body, hp: HParams, ctx: str, batched: bool, layer: int, part: int) -> str:
+    """Layer `layer`'s K (`part` 0) or V (1) at the slots `ctx`: [S] -> [S, Hkv, hd] for one
+    sequence, or [T, S] -> [T, S, Hkv, hd] for a batch (one sequence per row)."""
+    nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
+    ctx_t = f"{b.t}x?" if batched else "?"
+    name = f"gather_kv_{b.t_tag if batched else 's'}_{nl}x{nkv}x{hd}"
+    if batched:
+        dims = (
+            "%D0 = tensor.dim %ctx, %c0 : tensor<"
+            + ctx_t
+            + "xi32>\n  %D1 = tensor.dim %ctx, %c1 : tensor<"
+            + ctx_t
+            + "xi32>"
+        )
+        dyn = "%D0, %D1" if b.dynamic else "%D1"
+        subs = {"IDX": "t, s", "PAR": '"parallel", "parallel"', "H_AT": "2", "D_AT": "3"}
+    else:
+        dims = "%D0 = tensor.dim %ctx, %c0 : tensor<?xi32>"
+        dyn = "%D0"
+        subs = {"IDX": "s", "PAR": '"parallel"', "H_AT": "1", "D_AT": "2"}
+    b.mod.helper(name, template("gather_kv.mlir").substitute(
+        NAME=name, L=str(nl), HKV=str(nkv), HD=str(hd), CTX=ctx_t, CTX_SHAPE=ctx_t.replace("x", ", "),
+        DIMS=dims, DYN_CTX=dyn, **subs,
+    ))  # fmt: skip
+    consts = []
+    for value in (layer, part):
+        c = b.fresh("c")
+        b.emit(f"{c} = arith.constant {value} : index")
+        consts.append((c, "index"))
+    out_t = f"tensor<{ctx_t}x{nkv}x{hd}xf32>"
+    args = [("%cache", slab_type(hp)), (ctx, f"tensor<{ctx_t}xi32>"), *consts]
+    return b.call(name, args, out_t, "kv_old")
+
+
+def attention_batch(
+    b: Body, q: str, kv_old: tuple[str, str], kv_new: tuple[str, str], lens: str,
+    heads: int, heads_kv: int, head_dim: int, scale: float, window: int,
+) -> str:  # fmt: skip
+    """One new token per row, each row its own sequence with `lens[t]` cached rows (mlir/attention_batch.mlir)."""
+    win = window or NO_WINDOW
+    name = f"attention_batch_w{win}_s{_sym(scale)}_{b.t_tag}_{heads}x{heads_kv}x{head_dim}"
+    subs = {
+        "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
+        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win),
+        "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
+    }  # fmt: skip
+    b.mod.helper(name, template("attention_batch.mlir").substitute(subs))
+    old = f"tensor<{b.t}x?x{heads_kv}x{head_dim}xf32>"
+    new = f"tensor<{b.t}x{heads_kv}x{head_dim}xf32>"
+    hhd = b.act(heads * head_dim)
+    args = [
+        (q, hhd),
+        (kv_old[0], old),
+        (kv_old[1], old),
+        (kv_new[0], new),
+        (kv_new[1], new),
+        (lens, f"tensor<{b.t}xi32>"),
+    ]
+    return b.call(name, args, hhd, "attn")
+
+
+def argmax_rows(b: Body, logits: str, vocab: int) -> str:
+    """The greedy token of every row of logits [T, V] (dynamic T)."""
+    name = b.mod.helper(
+        f"argmax_rows_{vocab}",
+        template("argmax_rows.mlir").substitute(NAME=f"argmax_rows_{vocab}", V=str(vocab)),
+    )
+    return b.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
+
+
+def kv_write(hp: HParams) -> str:
+    """`kv_write(cache, rows [T, L, 2, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
+    place; row t goes to slot `slots[t]` (padding rows of a batch all go to scratch slot 0, so the
+    indices need not be unique).
+
+    It is a separate call because IREE 3.13 drops the in-place write-back of an
+    `iree.abi.output` argument that the same function also reads (it updates a copy).
+    """
+    ct, rt = slab_type(hp), rows_type(hp, "?")
+    return "\n".join(
+        [
+            f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
+            "  %c0 = arith.constant 0 : index",
+            "  %T = tensor.dim %slots, %c0 : tensor<?xi32>",
+            "  %idx = tensor.expand_shape %slots [[0, 1]] output_shape [%T, 1] : tensor<?xi32> into tensor<?x1xi32>",
+            "  %r = iree_linalg_ext.scatter dimension_map = [0] unique_indices(false)",
+            f"      ins(%rows, %idx : {rt}, tensor<?x1xi32>) outs(%cache : {ct}) {{",
+            "    ^bb0(%u: f32, %o: f32):",
+            "      iree_linalg_ext.yield %u : f32",
+            f"  }} -> {ct}",
+            f"  return %r : {ct}",
+            "}",
+        ]
+    )
