@@ -25,7 +25,7 @@ from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
-from zinc.model.hparams import describe
+from zinc.model.hparams import HParams, describe
 from zinc.runtime.archive import read_tensor_bytes, write_parameter_archive
 
 Progress = Callable[[str], None]
@@ -76,6 +76,24 @@ def batch_buckets(batch_sizes: tuple[int, ...] | None) -> tuple[int, ...]:
     return tuple(sorted({1, *sizes}))
 
 
+VULKAN_SCATTER_LIMIT = (
+    65535  # elements one SPIR-V scatter dispatch writes correctly (IREE 3.13, see paged.kv_write)
+)
+VULKAN_PREFILL_ROWS = 8  # zinc.runtime.session.PREFILL_CHUNK["vulkan"]
+
+
+def _check_vulkan_rows(hp: HParams, buckets: tuple[int, ...]) -> None:
+    """A step's rows of one layer must fit one Vulkan scatter dispatch."""
+    per_row = 2 * hp.head_count_kv * hp.key_length
+    rows = max(VULKAN_PREFILL_ROWS, *buckets)
+    if rows * per_row > VULKAN_SCATTER_LIMIT:
+        most = VULKAN_SCATTER_LIMIT // per_row
+        raise ArtifactError(
+            f"batch bucket {rows} is too large for this model on Vulkan (at most {most} rows per step); "
+            "pass a smaller --batch"
+        )
+
+
 def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> str:
     """The cache key of an artifact: GGUF identity, target, flags, batch buckets, versions and the sources."""
     h = hashlib.sha256()
@@ -91,7 +109,12 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
     gguf = open_gguf(gguf_path)
     desc = describe(gguf)
     buckets = batch_buckets(batch_sizes)
-    mod = llama.emit_module(desc, tiled=check_target(target) == "cpu", batch_sizes=buckets)
+    kind = check_target(target)
+    if kind == "vulkan":
+        _check_vulkan_rows(desc.hparams, buckets)
+    mod = llama.emit_module(
+        desc, tiled=kind == "cpu", batch_sizes=buckets, kv_write_per_layer=kind == "vulkan"
+    )
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
                 repacked=dict(mod.repacked), batch_sizes=buckets)  # fmt: skip
 

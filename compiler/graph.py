@@ -51,15 +51,19 @@ def build_module(desc: ModelDescription, module_name: str = "zinc_model") -> str
 
 
 def emit_module(
-    desc: ModelDescription, tiled: bool = False, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
+    desc: ModelDescription,
+    tiled: bool = False,
+    batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
+    kv_write_per_layer: bool = False,
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU);
-    one decode entry per batch size (1 is always included: single-sequence decode)."""
+    one decode entry per batch size (1 is always included: single-sequence decode);
+    `kv_write_per_layer` for Vulkan (see paged.kv_write)."""
     mod = ModuleEmitter(tiled=tiled)
     mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
     for batch in sorted({1, *batch_sizes}):
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
-    mod.entries.append(paged.kv_write(desc.hparams))
+    mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer))
     return mod
 
 

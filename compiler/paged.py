@@ -93,27 +93,58 @@ def argmax_rows(b: Body, logits: str, vocab: int) -> str:
     return b.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
 
-def kv_write(hp: HParams) -> str:
+def kv_write(hp: HParams, per_layer: bool = False) -> str:
     """`kv_write(cache, rows [T, L, 2, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
     place; row t goes to slot `slots[t]` (padding rows of a batch all go to scratch slot 0, so the
     indices need not be unique).
 
     It is a separate call because IREE 3.13 drops the in-place write-back of an
     `iree.abi.output` argument that the same function also reads (it updates a copy).
+    `per_layer` (Vulkan) writes one scatter per layer, indexed by (slot, layer): IREE 3.13's
+    SPIR-V scatter leaves elements past about 65,000 per dispatch unwritten (checked on lavapipe).
     """
     ct, rt = slab_type(hp), rows_type(hp, "?")
-    return "\n".join(
-        [
-            f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
-            "  %c0 = arith.constant 0 : index",
-            "  %T = tensor.dim %slots, %c0 : tensor<?xi32>",
+    lines = [
+        f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
+        "  %c0 = arith.constant 0 : index",
+        "  %T = tensor.dim %slots, %c0 : tensor<?xi32>",
+    ]
+    if not per_layer:
+        lines += [
             "  %idx = tensor.expand_shape %slots [[0, 1]] output_shape [%T, 1] : tensor<?xi32> into tensor<?x1xi32>",
-            "  %r = iree_linalg_ext.scatter dimension_map = [0] unique_indices(false)",
-            f"      ins(%rows, %idx : {rt}, tensor<?x1xi32>) outs(%cache : {ct}) {{",
-            "    ^bb0(%u: f32, %o: f32):",
-            "      iree_linalg_ext.yield %u : f32",
-            f"  }} -> {ct}",
+            *_scatter("%r", "%rows", rt, "%idx", "%cache", ct, "[0]"),
             f"  return %r : {ct}",
             "}",
         ]
-    )
+        return "\n".join(lines)
+    nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
+    lt = f"tensor<?x2x{nkv}x{hd}xf32>"
+    acc = "%cache"
+    for il in range(nl):
+        lines += [
+            f"  %ix{il} = tensor.empty(%T) : tensor<?x2xi32>",
+            f"  %id{il} = linalg.generic {{indexing_maps = [affine_map<(t, c) -> (t)>, affine_map<(t, c) -> (t, c)>], "
+            f'iterator_types = ["parallel", "parallel"]}} ins(%slots : tensor<?xi32>) outs(%ix{il} : tensor<?x2xi32>) {{',
+            "    ^bb0(%s: i32, %o: i32):",
+            "      %c = linalg.index 1 : index",
+            "      %first = arith.cmpi eq, %c, %c0 : index",
+            f"      %l = arith.constant {il} : i32",
+            "      %v = arith.select %first, %s, %l : i32",
+            "      linalg.yield %v : i32",
+            "  } -> tensor<?x2xi32>",
+            f"  %u{il} = tensor.extract_slice %rows[0, {il}, 0, 0, 0] [%T, 1, 2, {nkv}, {hd}] [1, 1, 1, 1, 1] : {rt} to {lt}",
+            *_scatter(f"%w{il}", f"%u{il}", lt, f"%id{il}", acc, ct, "[0, 1]"),
+        ]
+        acc = f"%w{il}"
+    return "\n".join([*lines, f"  return {acc} : {ct}", "}"])
+
+
+def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dims: str) -> list[str]:
+    it = "tensor<?x1xi32>" if dims == "[0]" else "tensor<?x2xi32>"
+    return [
+        f"  {out} = iree_linalg_ext.scatter dimension_map = {dims} unique_indices(false)",
+        f"      ins({updates}, {idx} : {ut}, {it}) outs({into} : {ct}) {{",
+        "    ^bb0(%u: f32, %o: f32):",
+        "      iree_linalg_ext.yield %u : f32",
+        f"  }} -> {ct}",
+    ]
