@@ -31,6 +31,7 @@ DEFAULT_CONTEXT = 2048
 # because IREE 3.13's SPIR-V code for the attention softmax over a dynamic token count above 8
 # computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model covers it).
 PREFILL_CHUNK = {"cpu": 256, "vulkan": 8}
+SCRATCH_SLOTS = 64
 
 
 @dataclass
@@ -94,8 +95,8 @@ class ModelSession:
         self.hparams = hp
         self.device_spec = device
         self.context_length = min(context_length or DEFAULT_CONTEXT, hp.context_length)
-        # slot 0 is scratch; a single sequence (slot = position + 1 ... see _own_slots) needs context + 1
-        self.kv_slots = max(kv_slots or 0, self.context_length + 1)
+        # at least a whole context plus a scratch page (slot 0 is scratch; pages of up to 64 slots)
+        self.kv_slots = max(kv_slots or 0, self.context_length + SCRATCH_SLOTS)
         self.batch_sizes = tuple(sorted(self.manifest.batch_sizes))
         self.module = LoadedModule(
             artifact_dir / self.manifest.vmfb,

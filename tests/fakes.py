@@ -81,6 +81,7 @@ class FakeEngine:
         self.requests: list[GenerationRequest] = []
         self.template_calls: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
         self.aborts: list[str] = []
+        self.sessions: dict[str, list[int]] = {}  # session id -> the prompt it last sent
         self.completed: list[str] = []
         self.started: list[str] = []
         self.active = 0
@@ -96,7 +97,13 @@ class FakeEngine:
         return self._context_length
 
     def stats(self) -> EngineStats:
-        return EngineStats(self.active, self.queued, self._context_length)
+        return EngineStats(
+            self.active, self.queued, self._context_length, kv_page_size=16, kv_pages_total=64,
+            kv_pages_in_use=len(self.sessions), kv_pages_free=64 - len(self.sessions), sessions=len(self.sessions),
+        )  # fmt: skip
+
+    def release_session(self, session_id: str) -> bool:
+        return self.sessions.pop(session_id, None) is not None
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return ([BOS] if add_special else []) + list(text.encode())
@@ -118,6 +125,8 @@ class FakeEngine:
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         self.requests.append(request)
+        if request.session_id is not None:
+            self.sessions[request.session_id] = list(request.prompt_ids)
         if len(request.prompt_ids) >= self._context_length:
             raise ContextLengthExceededError(len(request.prompt_ids), self._context_length)
         if self._lock is None:

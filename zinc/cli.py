@@ -150,7 +150,7 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         catalog.path(model_id)  # fail now, with the catalog's message, when it is not installed
     elif not path.is_file():
         fail(f"model file not found: {path}")
-    loader = CliLoader(catalog, spec, o.context, {model_id: path} if path is not None else {})
+    loader = CliLoader(catalog, spec, o.context, {model_id: path} if path is not None else {}, o.parallel)
     manager = EngineManager(loader=loader, registry=catalog)
     api_key = o.api_key or os.environ.get("ZINC_API_KEY")
     config = ServerConfig(host=o.host, port=o.port, parallel=o.parallel, api_key=api_key)
@@ -169,7 +169,7 @@ def serve_cmd(
     port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 8080,
     host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
     context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
-    parallel: Annotated[int, typer.Option("--parallel", help="Requests admitted at once")] = 4,
+    parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")] = 8,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -186,7 +186,7 @@ def chat_cmd(
     port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 9090,
     host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
     context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
-    parallel: Annotated[int, typer.Option("--parallel", help="Requests admitted at once")] = 4,
+    parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")] = 8,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,

@@ -70,12 +70,13 @@ class CliLoader:
     """Loads models for a server: catalog ids (installed) and the paths given on the command line."""
 
     def __init__(
-        self, catalog: CatalogRegistry, device: DeviceSpec, context: int, paths: dict[str, Path]
+        self, catalog: CatalogRegistry, device: DeviceSpec, context: int, paths: dict[str, Path], parallel: int = 8
     ) -> None:
         self.catalog = catalog
         self.device = device
         self.context = context
         self.paths = dict(paths)
+        self.parallel = parallel
 
     def can_load(self, model_id: str) -> bool:
         if model_id in self.paths:
@@ -92,8 +93,10 @@ class CliLoader:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         log.info("preparing %s for %s", model_id, self.device.name)
         artifact = ensure_artifact(path, self.device.target, lambda message: log.info("%s", message))
-        session = ModelSession(artifact, path, self.device, self.context)
-        return LocalEngine(session, tokenizer, ChatTemplate.from_metadata(gguf.metadata, tokenizer), model_id)
+        # KV pages for `parallel` full contexts (resident only as they are used) plus scratch
+        session = ModelSession(artifact, path, self.device, self.context, kv_slots=(self.parallel * self.context + 16))
+        chat = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
+        return LocalEngine(session, tokenizer, chat, model_id, parallel=self.parallel)
 
 
 def _size(n: int) -> str:

@@ -93,6 +93,7 @@ async def test_chat_completion_shape_and_usage() -> None:
         "prompt_tokens": prompt_tokens,
         "completion_tokens": 5,
         "total_tokens": prompt_tokens + 5,
+        "prompt_tokens_details": {"cached_tokens": 0},
     }
 
 

@@ -1,15 +1,16 @@
-"""The serving engine: a loaded model behind the `Engine` protocol, one generation at a time.
+"""The serving engine: a loaded model behind the `Engine` protocol, every request decoded together.
 
-Owns: `LocalEngine` — tokenizer, chat template and model session for one model; admission (a
-bounded queue; past it `QueueFullError` at once); the generation loop run step by step on one
-worker thread, turning token ids into text deltas with stop sequences held back; and abort: when
-the consumer stops iterating, the loop ends at the next step boundary and the slot is freed.
-(Continuous batching replaces the single slot in a later issue.)
-A request's grammar (constrained decoding) and logprobs are handled inside the token loop
-(`generate_tokens`); each token's logprobs ride on the delta that carries the token, even when
-its text is held back.
-Imports: zinc.engine (types, generate, stops, constraint), zinc.runtime.session, zinc.tokenizer,
-zinc.errors.
+Owns: `LocalEngine` — tokenizer, chat template and model session for one model, and the
+continuous-batching `Scheduler` (zinc.engine.batcher) that runs every admitted request's steps
+together on one thread; admission (at most `parallel` running, a bounded queue, past it
+`QueueFullError` at once); turning each request's token events into text deltas with stop
+sequences held back; and abort: when the consumer stops iterating (or a stop sequence matched),
+the sequence is cancelled and its KV pages freed at the next step boundary. A request's grammar
+(constrained decoding), sampling and logprobs are its `TokenPicker`; each token's logprobs ride on
+the delta that carries the token, even when its text is held back. `session_id` keeps a
+conversation's pages cached between requests until `release_session`.
+Imports: zinc.engine (types, generate, batcher, stops, constraint), zinc.runtime.session,
+zinc.tokenizer, zinc.errors.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
+from zinc.engine.batcher import FinishEvent, Scheduler, SequenceEvent, SequenceHandle, SequenceRequest
 from zinc.engine.constraint import GrammarMatcher
-from zinc.engine.generate import Sampled, generate_tokens
+from zinc.engine.generate import Sampled, TokenPicker
 from zinc.engine.stops import StopMatcher
 from zinc.engine.types import (
     EngineStats,
@@ -33,28 +35,34 @@ from zinc.engine.types import (
     TopLogprob,
     Usage,
 )
-from zinc.errors import ContextLengthExceededError, QueueFullError
+from zinc.errors import ContextLengthExceededError, ZincError
 from zinc.runtime.session import ModelSession
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
-
-T = TypeVar("T")
 
 
 class LocalEngine:
     def __init__(
-        self, session: ModelSession, tokenizer: Tokenizer, chat: ChatTemplate, model_id: str, max_queue: int = 16
+        self,
+        session: ModelSession,
+        tokenizer: Tokenizer,
+        chat: ChatTemplate,
+        model_id: str,
+        max_queue: int = 16,
+        parallel: int = 8,
+        page_size: int = 16,
     ) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.chat = chat
         self._model_id = model_id
         self.max_queue = max_queue
-        self._lock = asyncio.Lock()
-        self._waiting = 0
-        self._active = 0
-        self._positions = 0  # KV positions held by the running request
-        # every device call runs on this one thread, so a step still running after its request
-        # was cancelled finishes before the next request's first step starts
+        chunk = 128 if session.device_spec.target == "cpu" else 8
+        self.scheduler = Scheduler(
+            session, page_size=page_size, parallel=min(parallel, 4 * session.max_batch), max_queue=max_queue,
+            prefill_chunk=chunk,
+        )  # fmt: skip
+        self.scheduler.start()
+        # grammar compilation runs here, off the event loop
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zinc-engine")
         self.started = time.monotonic()
 
@@ -66,12 +74,23 @@ class LocalEngine:
     def context_length(self) -> int:
         return self.session.context_length
 
+    def close(self) -> None:
+        self.scheduler.close()
+        self._worker.shutdown(wait=False)
+
     def stats(self) -> EngineStats:
-        s = self.session
+        s, run = self.session, self.scheduler.stats()
+        pages = run.pages
         return EngineStats(
-            self._active, self._waiting, self.context_length, device=s.device_spec.name,
-            weights_bytes=s.weights_bytes, context_reserved_bytes=s.kv_cache_bytes(), context_tokens=self._positions,
+            run.running, run.waiting, self.context_length, device=s.device_spec.name,
+            weights_bytes=s.weights_bytes, context_reserved_bytes=s.kv_cache_bytes(),
+            context_tokens=pages.in_use * pages.page_size, kv_page_size=pages.page_size,
+            kv_pages_total=pages.total, kv_pages_in_use=pages.in_use, kv_pages_cached=pages.cached,
+            kv_pages_free=pages.free, sessions=pages.sessions,
         )  # fmt: skip
+
+    def release_session(self, session_id: str) -> bool:
+        return self.scheduler.release_session(session_id)
 
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
@@ -84,62 +103,60 @@ class LocalEngine:
     ) -> str:
         return self.chat.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
 
-    async def _run(self, fn: Callable[[], T]) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._worker, fn)
-
     async def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
-        n_prompt = len(request.prompt_ids)
-        if n_prompt == 0 or n_prompt >= self.context_length:
-            raise ContextLengthExceededError(n_prompt, self.context_length)
-        if self._waiting >= self.max_queue:
-            raise QueueFullError(f"the server is busy: {self._waiting} requests are waiting; retry later")
-        self._waiting += 1
-        try:
-            await self._lock.acquire()
-        finally:
-            self._waiting -= 1
-        self._active += 1
-        try:
-            async for delta in self._generate_locked(request):
-                yield delta
-        finally:
-            self._active -= 1
-            self._positions = 0
-            self._lock.release()
-
-    async def _generate_locked(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         prompt = list(request.prompt_ids)
-        decoder = IncrementalDecoder(self.tokenizer)
-        stops = StopMatcher(request.stop)
+        if not prompt or len(prompt) >= self.context_length:
+            raise ContextLengthExceededError(len(prompt), self.context_length)
         eog = self.tokenizer.eog_ids if request.stop_on_eog else frozenset()
         matcher = None
         if request.grammar is not None:
-            matcher = await self._run(partial(GrammarMatcher, request.grammar, self.tokenizer))
-        # the token loop itself (prefill, sampling, constraint, logprobs, decode, context limit) is
-        # generate_tokens; each `next` runs one step on the worker thread, and leaving this loop
-        # abandons the rest
-        tokens = generate_tokens(self.session, prompt, request.max_tokens, request.sampling, eog,
-                                 logprobs=request.logprobs, constraint=matcher)
+            loop = asyncio.get_running_loop()
+            matcher = await loop.run_in_executor(self._worker, partial(GrammarMatcher, request.grammar, self.tokenizer))
+        picker = TokenPicker(prompt, request.sampling, eog, logprobs=request.logprobs, constraint=matcher)
+        events: asyncio.Queue[SequenceEvent] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def deliver(event: SequenceEvent) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        handle = self.scheduler.submit(
+            SequenceRequest(prompt, request.max_tokens, eog, picker, deliver, request.session_id)
+        )
+        try:
+            async for delta in self._deltas(request, events, eog, handle):
+                yield delta
+        finally:
+            handle.cancel()  # a no-op once finished; else the pages are freed at the next step
+
+    async def _deltas(
+        self, request: GenerationRequest, events: asyncio.Queue[SequenceEvent], eog: frozenset[int], handle: SequenceHandle
+    ) -> AsyncIterator[TextDelta]:
+        decoder = IncrementalDecoder(self.tokenizer)
+        stops = StopMatcher(request.stop)
         generated = 0
-        finish: FinishReason = "length"
-        self._positions = len(prompt)
-        while (sampled := await self._run(partial(next, tokens, None))) is not None:
-            token = sampled.token
-            generated += 1
-            self._positions += 1
-            if token in eog:
-                finish = "stop"
+        while True:
+            event = await events.get()
+            if isinstance(event, FinishEvent):
+                if event.reason == "error":
+                    raise event.error or ZincError("generation failed")
+                finish: FinishReason = "stop" if event.reason == "stop" else "length"
+                cached = event.cached_tokens
                 break
-            text = stops.feed(decoder.add(token))
+            sampled = event.sampled
+            generated += 1
+            if sampled.token in eog:
+                continue  # the finish event follows
+            text = stops.feed(decoder.add(sampled.token))
             logprobs = (self._logprob(sampled),) if sampled.logprob is not None else ()
             if text or logprobs:
-                yield TextDelta(text, (token,), logprobs=logprobs)
-            if stops.stopped or (matcher is not None and matcher.done):
-                finish = "stop"
+                yield TextDelta(text, (sampled.token,), logprobs=logprobs)
+            if stops.stopped:
+                handle.cancel()
+                finish, cached = "stop", 0
                 break
         tail = stops.feed(decoder.flush()) if not stops.stopped else ""
         tail += stops.flush()
-        yield TextDelta(tail, (), finish, Usage(len(prompt), generated))
+        yield TextDelta(tail, (), finish, Usage(len(request.prompt_ids), generated, cached))
 
     def _logprob(self, sampled: Sampled) -> TokenLogprob:
         def piece(token: int) -> tuple[str, bytes]:

@@ -1,7 +1,8 @@
 """Token-level generation over a model session: prefill the prompt, then one decode per token.
 
-Owns: `generate_tokens`, the single-sequence generation loop used by the CLI, the benchmarks and
-the serving engine, and `generate_ids` (the same, ids only). Greedy decoding reads back only the
+Owns: `TokenPicker` (the per-token choice, shared with the batching scheduler), `generate_tokens`,
+the single-sequence generation loop used by the CLI and the benchmarks, and `generate_ids` (the
+same, ids only). Greedy decoding reads back only the
 device's argmax; other samplers, a grammar constraint and logprobs read the step's logits. Per
 token, in this order: the constraint's mask is applied to the (adjusted) logits and the sampler
 picks a token; the constraint accepts it; its logprobs (log-softmax of the raw logits, with the
@@ -12,7 +13,7 @@ Imports: zinc.runtime (session, sampling), zinc.errors, numpy.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -57,6 +58,48 @@ class Sampled:
     top: tuple[tuple[int, float], ...] = ()
 
 
+class TokenPicker:
+    """Chooses each next token of one sequence from its step: the sampler over the (masked)
+    logits, the constraint's bookkeeping and the token's logprobs. Shared by `generate_tokens`
+    and the batching scheduler, so both pick tokens the same way."""
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams | None = None,
+        stop_ids: Container[int] = (),
+        *,
+        logprobs: int | None = None,
+        constraint: TokenConstraint | None = None,
+    ) -> None:
+        self.sampler = Sampler(sampling or SamplingParams())
+        self.constraint = constraint
+        self.logprobs = logprobs
+        self.stop_ids = stop_ids
+        self.history = list(prompt_ids)
+        self.read_logits = self.sampler.needs_logits or constraint is not None or logprobs is not None
+
+    @property
+    def done(self) -> bool:
+        return self.constraint is not None and self.constraint.done
+
+    def pick(self, greedy: int, logits: Callable[[], Any]) -> Sampled:
+        """The next token, given the device's greedy token and a way to read the step's logits."""
+        token = greedy
+        if self.read_logits:
+            row = logits()
+            allowed = self.constraint.allowed() if self.constraint is not None else None
+            if self.sampler.needs_logits or allowed is not None:
+                token = self.sampler.sample(row, self.history, allowed)
+        if self.constraint is not None and token not in self.stop_ids:
+            self.constraint.accept(token)
+        self.history.append(token)
+        if self.logprobs is not None:
+            logprob, top = token_logprobs(row, token, self.logprobs)
+            return Sampled(token, logprob, tuple(top))
+        return Sampled(token)
+
+
 def generate_tokens(
     session: Session,
     prompt_ids: Sequence[int],
@@ -70,37 +113,18 @@ def generate_tokens(
     """Yield generated tokens; an end-of-generation id is yielded and then generation stops."""
     if len(prompt_ids) >= session.context_length:
         raise ContextLengthExceededError(len(prompt_ids), session.context_length)
-    sampler = Sampler(sampling or SamplingParams())
-    read_logits = sampler.needs_logits or constraint is not None or logprobs is not None
-    history = list(prompt_ids)
+    picker = TokenPicker(prompt_ids, sampling, stop_ids, logprobs=logprobs, constraint=constraint)
     if max_tokens <= 0:
         return
     step = session.prefill(prompt_ids)
     pos = len(prompt_ids)  # where the next token's K/V rows go
+    generated = 0
     while True:
-        if read_logits:
-            logits: Any = step.logits()
-            allowed = constraint.allowed() if constraint is not None else None
-            if sampler.needs_logits or allowed is not None:
-                token = sampler.sample(logits, history, allowed)
-            else:
-                token = step.token
-        else:
-            token = step.token
-        if constraint is not None and token not in stop_ids:
-            constraint.accept(token)
-        if logprobs is not None:
-            logprob, top = token_logprobs(logits, token, logprobs)
-            yield Sampled(token, logprob, tuple(top))
-        else:
-            yield Sampled(token)
-        history.append(token)
-        if (
-            len(history) - len(prompt_ids) >= max_tokens
-            or token in stop_ids
-            or pos >= session.context_length
-            or (constraint is not None and constraint.done)
-        ):
+        sampled = picker.pick(step.token if not picker.sampler.needs_logits else 0, step.logits)
+        yield sampled
+        generated += 1
+        token = sampled.token
+        if generated >= max_tokens or token in stop_ids or pos >= session.context_length or picker.done:
             return  # no step is run for a token that will not be continued
         step = session.decode(token, pos)
         pos += 1

@@ -110,6 +110,9 @@ class EngineManager:
             return EngineStats(0, 0, 0)
         return self._engine.stats()
 
+    def release_session(self, session_id: str) -> bool:
+        return self._engine.release_session(session_id) if self._engine is not None else False
+
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self._use().tokenize(text, add_special=add_special, parse_special=parse_special)
 
@@ -262,6 +265,9 @@ class EngineManager:
             old, self._engine = self._engine, engine  # no await between the check and the swap
         finally:
             self._open.set()
+        close = getattr(old, "close", None)
+        if close is not None:  # no request uses it any more: stop its scheduler thread
+            close()
         return old
 
     async def remove(self, model_id: str, *, force: bool) -> tuple[RemoveResult, bool]:

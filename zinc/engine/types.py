@@ -43,12 +43,14 @@ class GenerationRequest:
     stop_on_eog: bool = True  # stop at the model's end-of-generation tokens
     logprobs: int | None = None  # None: none; n >= 0: each token's logprob and the n most likely
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
+    session_id: str | None = None  # keep this conversation's KV pages for its next turn
 
 
 @dataclass(frozen=True)
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens whose KV rows came from the prefix cache
 
     @property
     def total_tokens(self) -> int:
@@ -97,7 +99,13 @@ class EngineStats:
     device: str = ""  # where the model runs, e.g. "CPU (local-sync)"
     weights_bytes: int = 0  # model tensor bytes bound from the GGUF
     context_reserved_bytes: int = 0  # the KV cache slab allocated on the device
-    context_tokens: int = 0  # positions in use by running requests
+    context_tokens: int = 0  # positions held in KV pages (running requests, sessions, prefix cache)
+    kv_page_size: int = 0  # positions per KV page
+    kv_pages_total: int = 0
+    kv_pages_in_use: int = 0  # referenced by running requests or sessions
+    kv_pages_cached: int = 0  # holding a reusable prefix, evictable
+    kv_pages_free: int = 0
+    sessions: int = 0
 
 
 class Engine(Protocol):
@@ -126,3 +134,5 @@ class Engine(Protocol):
     ) -> str: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]: ...
+
+    def release_session(self, session_id: str) -> bool: ...

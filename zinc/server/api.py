@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from urllib.parse import unquote
 
 import orjson
 
@@ -35,7 +36,7 @@ from zinc.errors import (
 )
 from zinc.server.chat_output import OutputParser
 from zinc.server.config import ServerConfig
-from zinc.server.error_table import describe
+from zinc.server.error_table import NotFoundError, describe
 from zinc.server.exchange import Exchange, HttpRequest
 from zinc.server.openai_request import CommonParams, decode_json, parse_chat, parse_completion
 from zinc.server.openai_response import (
@@ -147,7 +148,24 @@ class OpenAIApi:
             "gpu_context_active_bytes": stats.context_reserved_bytes * stats.context_tokens // max(1, stats.context_length),
             "gpu_context_tokens": stats.context_tokens,
             "gpu_context_capacity_tokens": stats.context_length,
+            "active_sessions": stats.sessions,
+            "kv_cache": {
+                "page_size": stats.kv_page_size,
+                "total_pages": stats.kv_pages_total,
+                "used_pages": stats.kv_pages_in_use,
+                "cached_pages": stats.kv_pages_cached,
+                "free_pages": stats.kv_pages_free,
+                "utilization": round(stats.kv_pages_in_use / stats.kv_pages_total, 4) if stats.kv_pages_total else 0.0,
+            },
         }
+        await exchange.respond_json(200, orjson.dumps(body))
+
+    async def delete_session(self, request: HttpRequest, exchange: Exchange) -> None:
+        """`DELETE /v1/sessions/{id}`: release a session's cached KV pages."""
+        session_id = unquote(request.path.rsplit("/", 1)[1])
+        if not session_id or not self._engine.release_session(session_id):
+            raise NotFoundError(f"No session '{session_id}' exists.")
+        body = {"id": session_id, "object": "session", "deleted": True}
         await exchange.respond_json(200, orjson.dumps(body))
 
     # ---- generation
@@ -191,6 +209,7 @@ class OpenAIApi:
             stop=common.stop,
             logprobs=common.logprobs,
             grammar=grammar,
+            session_id=common.session_id,
         )
         async with self._admission.slot(), closing(self._engine.generate(request)) as events:
             first = await anext(events, None)  # engine errors before the first token: plain JSON

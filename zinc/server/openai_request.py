@@ -49,6 +49,7 @@ class CommonParams:
     include_usage: bool
     grammar: Grammar | None = None  # response_format as a constraint
     logprobs: int | None = None  # None: none; n: each token's logprob and n alternatives
+    session_id: str | None = None  # keep the conversation's KV pages for its next turn
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,6 @@ def parse_chat(payload: Json) -> ChatParams:
     thinking = _typed(payload, "enable_thinking", bool, None)
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
-    _typed(payload, "session_id", str, None)  # accepted for compatibility; prompt reuse is the engine's
     return ChatParams(common, normalized, kwargs, tools)
 
 
@@ -136,9 +136,10 @@ def _parse_common(payload: Json) -> CommonParams:
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise InvalidRequestError("'include_usage' must be a boolean.", param="stream_options.include_usage")
+    session_id = _typed(payload, "session_id", str, None) or None  # "": stateless, as in the ZINC spec
     return CommonParams(
         model, max_tokens, _parse_sampling(payload), _parse_stop(payload), stream, include_usage,
-        grammar=parse_response_format(payload),
+        grammar=parse_response_format(payload), session_id=session_id,
     )
 
 

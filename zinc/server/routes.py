@@ -54,6 +54,8 @@ class Router:
             "/v1/models": models,
             "/models": models,
             "/health": {"GET": api.health},
+            "/v1/sessions/*": {"DELETE": api.delete_session},
+            "/sessions/*": {"DELETE": api.delete_session},
         }
         for path, methods in (extra or {}).items():  # extra routes (zinc.server.extra_routes) win
             self._routes[path] = dict(methods)
@@ -79,6 +81,8 @@ class Router:
 
     async def _dispatch(self, request: HttpRequest, exchange: Exchange) -> None:
         methods = self._routes.get(request.path)
+        if methods is None and request.path.count("/") >= 2:  # a resource under a collection: "/v1/sessions/*"
+            methods = self._routes.get(request.path.rsplit("/", 1)[0] + "/*")
         if methods is None:
             raise NotFoundError(f"Invalid URL ({request.method} {request.path}).")
         if request.method == "OPTIONS":

@@ -1,0 +1,338 @@
+"""Continuous batching: one loop that steps every running sequence together.
+
+Owns: `Scheduler` — admission (at most `parallel` running sequences and `max_queue` waiting;
+past that `QueueFullError` at once), the step loop on its own thread (every device call runs on
+it), and each sequence's pages. One iteration runs at most one prefill chunk of the oldest
+sequence still reading its prompt and one batched decode of every sequence that is generating,
+so a new request never waits for others to finish and running streams never stall for a whole
+long prompt. Prompts first take the pages of their longest cached prefix (`PagePool.lookup`);
+pages grow on demand; when none is free the least recently used cached page is evicted, then the
+least recently used session dropped, then the youngest sequence preempted (its pages freed, it
+resumes later by prefilling its prompt and the tokens it generated). Per-token choice is the
+sequence's `TokenPicker`; events go to the request's `on_event` from the loop thread. A
+cancelled sequence stops and frees its pages at the next step boundary. A model error ends the
+sequences of that step with an "error" event; the loop keeps serving.
+Imports: zinc.engine (kv_pages, generate), zinc.errors, numpy, the stdlib.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import deque
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeVar
+
+from zinc.engine.generate import Sampled
+from zinc.engine.kv_pages import PagePool, PageStats, Slots
+from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
+
+
+class Step(Protocol):
+    @property
+    def token(self) -> int: ...
+
+    def logits(self) -> Any: ...
+
+
+class BatchStep(Protocol):
+    def token(self, i: int) -> int: ...
+
+    def logits(self, i: int) -> Any: ...
+
+
+class StepModel(Protocol):
+    """What the scheduler needs from the device (zinc.runtime.session.ModelSession)."""
+
+    context_length: int
+    kv_slots: int
+
+    @property
+    def max_batch(self) -> int: ...
+
+    def prefill_slots(self, ids: Sequence[int], start: int, slots: Slots) -> Step: ...
+
+    def decode_batch(
+        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots]
+    ) -> BatchStep: ...
+
+
+class Picker(Protocol):
+    def pick(self, greedy: int, logits: Callable[[], Any]) -> Sampled: ...
+
+    @property
+    def done(self) -> bool: ...
+
+
+T = TypeVar("T")
+FinishKind = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    sampled: Sampled
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    reason: FinishKind
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    error: ZincError | None = None
+
+
+SequenceEvent = TokenEvent | FinishEvent
+
+
+@dataclass
+class SequenceRequest:
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    stop_ids: Container[int]
+    picker: Picker
+    on_event: Callable[[SequenceEvent], None]
+    session_id: str | None = None
+
+
+@dataclass
+class _Sequence:
+    req: SequenceRequest
+    pending: list[int]  # tokens to run next: the prompt (or its rest), then the last sampled token
+    fed: list[int] = field(default_factory=list)  # tokens whose K/V rows are in the cache
+    pages: list[int] = field(default_factory=list)
+    generated: int = 0
+    cached: int = 0
+    cancelled: bool = False
+    finished: bool = False
+
+    @property
+    def decoding(self) -> bool:
+        return self.generated > 0 and len(self.pending) == 1
+
+
+class SequenceHandle:
+    def __init__(self, scheduler: Scheduler, seq: _Sequence) -> None:
+        self._scheduler, self._seq = scheduler, seq
+
+    def cancel(self) -> None:
+        """Stop the sequence; its pages are freed at the next step boundary."""
+        self._seq.cancelled = True
+        self._scheduler.wake()
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    running: int
+    waiting: int
+    pages: PageStats
+
+
+class Scheduler:
+    def __init__(
+        self,
+        model: StepModel,
+        *,
+        page_size: int = 16,
+        parallel: int = 8,
+        max_queue: int = 16,
+        prefill_chunk: int = 128,
+    ) -> None:
+        self.model = model
+        self.parallel = max(1, parallel)
+        self.max_queue = max_queue
+        self.prefill_chunk = prefill_chunk
+        self.pool = PagePool(model.kv_slots // page_size, page_size)
+        if (self.pool.num_pages - 1) * page_size < model.context_length:
+            raise ValueError("the KV slab must hold at least one whole context")
+        self._cond = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="zinc-scheduler", daemon=True)
+
+    # --- the caller's side (any thread) --------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def submit(self, req: SequenceRequest) -> SequenceHandle:
+        n = len(req.prompt_ids)
+        if n == 0 or n >= self.model.context_length:
+            raise ContextLengthExceededError(n, self.model.context_length)
+        seq = _Sequence(req, list(req.prompt_ids))
+        with self._cond:
+            if len(self._running) + len(self._waiting) >= self.parallel + self.max_queue:
+                raise QueueFullError(
+                    f"the server is busy: {len(self._running)} requests running and {len(self._waiting)} waiting; retry later"
+                )
+            self._waiting.append(seq)
+            self._cond.notify_all()
+        return SequenceHandle(self, seq)
+
+    def release_session(self, session_id: str) -> bool:
+        with self._cond:
+            return self.pool.unpin(session_id)
+
+    def stats(self) -> SchedulerStats:
+        with self._cond:
+            return SchedulerStats(len(self._running), len(self._waiting), self.pool.stats())
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not self._waiting and not self._running:
+                    self._cond.wait()
+                if self._closed:
+                    break
+                self._reap()
+                self._admit()
+                prefill = next((s for s in self._running if not s.decoding), None)
+                decode = [s for s in self._running if s.decoding]
+            if prefill is not None:
+                self._guard([prefill], self._prefill, prefill)
+            for at in range(0, len(decode), self.model.max_batch):
+                group = decode[at : at + self.model.max_batch]
+                self._guard(group, self._decode, group)
+        with self._cond:
+            for seq in [*self._running, *self._waiting]:
+                self._finish(seq, "abort")
+
+    def _guard(self, seqs: list[_Sequence], run: Callable[[T], None], arg: T) -> None:
+        try:
+            run(arg)
+        except Exception as exc:  # a device or sampling failure ends this step's sequences only
+            error = exc if isinstance(exc, ZincError) else ZincError(f"generation failed: {exc}")
+            with self._cond:
+                for seq in seqs:
+                    if not seq.finished:
+                        self._finish(seq, "error", error)
+
+    def _reap(self) -> None:
+        for seq in [s for s in self._running if s.cancelled]:
+            self._finish(seq, "abort")
+        for seq in [s for s in self._waiting if s.cancelled]:
+            self._waiting.remove(seq)
+            self._finish(seq, "abort")
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._running) < self.parallel:
+            seq = self._waiting[0]
+            if not seq.fed:  # a new sequence (or a preempted one) reuses its longest cached prefix
+                tokens = seq.pending
+                seq.pages = self.pool.lookup(tokens)
+                n = len(seq.pages) * self.pool.page_size
+                seq.fed, seq.pending = tokens[:n], tokens[n:]
+                seq.cached = max(seq.cached, min(n, len(seq.req.prompt_ids)))
+                if seq.req.session_id is not None:
+                    self.pool.touch(seq.req.session_id)
+            if not self._grow(seq, len(seq.fed) + len(seq.pending), preempt=False):
+                self.pool.release(seq.pages)  # a waiting sequence holds no pages
+                seq.pages, seq.pending, seq.fed = [], seq.fed + seq.pending, []
+                if self._running:
+                    return  # wait for pages to free up
+                self._waiting.popleft()
+                self._finish(seq, "error", ZincError("the KV cache is too small for this prompt"))
+                continue
+            self._waiting.popleft()
+            self._running.append(seq)
+
+    def _grow(self, seq: _Sequence, positions: int, preempt: bool) -> bool:
+        """Give `seq` pages for `positions` positions; evict, drop sessions, then (if `preempt`)
+        preempt younger sequences to find them."""
+        need = -(-positions // self.pool.page_size) - len(seq.pages)
+        while need > 0:
+            page = self.pool.allocate()
+            if page is None and self.pool.drop_oldest_session():
+                continue
+            if page is None and preempt:
+                victim = next((s for s in reversed(self._running) if s is not seq), None)
+                if victim is not None:
+                    self._preempt(victim)
+                    continue
+            if page is None:
+                return False
+            seq.pages.append(page)
+            need -= 1
+        return True
+
+    def _preempt(self, seq: _Sequence) -> None:
+        self._running.remove(seq)
+        self.pool.release(seq.pages)
+        seq.pages, seq.pending, seq.fed = [], seq.fed + seq.pending, []
+        self._waiting.appendleft(seq)
+
+    def _prefill(self, seq: _Sequence) -> None:
+        chunk = seq.pending[: self.prefill_chunk]
+        start = len(seq.fed)
+        step = self.model.prefill_slots(chunk, start, self.pool.slots(seq.pages, start + len(chunk)))
+        with self._cond:
+            seq.fed += chunk
+            seq.pending = seq.pending[len(chunk) :]
+        if not seq.pending:  # the prompt is in: its last position gives the next token
+            self._after(seq, seq.req.picker.pick(step.token, step.logits))
+
+    def _decode(self, group: list[_Sequence]) -> None:
+        with self._cond:
+            group = [s for s in group if not s.finished and s.decoding]
+            for seq in group:
+                if seq in self._running and not self._grow(seq, len(seq.fed) + 1, preempt=True):
+                    self._finish(seq, "length")  # alone and still no page: the slab is full
+            group = [s for s in group if s in self._running]
+            positions = [len(s.fed) for s in group]
+            slots = [self.pool.slots(s.pages, p + 1) for s, p in zip(group, positions, strict=True)]
+        if not group:
+            return
+        step = self.model.decode_batch([s.pending[0] for s in group], positions, slots)
+        for i, seq in enumerate(group):
+            with self._cond:
+                seq.fed.append(seq.pending.pop())
+            self._after(seq, seq.req.picker.pick(step.token(i), _row(step, i)))
+
+    def _after(self, seq: _Sequence, sampled: Sampled) -> None:
+        """Deliver a sampled token and decide whether the sequence goes on."""
+        seq.generated += 1
+        seq.req.on_event(TokenEvent(sampled))
+        token, req = sampled.token, seq.req
+        with self._cond:
+            if token in req.stop_ids or req.picker.done:
+                self._finish(seq, "stop")
+            elif seq.generated >= req.max_tokens or len(seq.fed) >= self.model.context_length:
+                self._finish(seq, "length")
+            else:
+                seq.pending = [token]
+
+    def _finish(self, seq: _Sequence, reason: FinishKind, error: ZincError | None = None) -> None:
+        """End `seq` (the lock is held): cache its whole pages, pin them for its session, free them."""
+        if seq.finished:
+            return
+        seq.finished = True
+        if seq in self._running:
+            self._running.remove(seq)
+        if seq.pages:
+            self.pool.register(seq.pages, seq.fed)
+            if seq.req.session_id is not None and reason in ("stop", "length"):
+                self.pool.pin(seq.req.session_id, seq.pages[: len(seq.fed) // self.pool.page_size])
+            self.pool.release(seq.pages)
+            seq.pages = []
+        event = FinishEvent(reason, len(seq.req.prompt_ids), seq.generated, seq.cached, error)
+        with contextlib.suppress(Exception):  # a consumer that is gone must not stop the loop
+            seq.req.on_event(event)
+
+
+def _row(step: BatchStep, i: int) -> Callable[[], Any]:
+    return lambda: step.logits(i)
