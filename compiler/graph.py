@@ -203,23 +203,11 @@ class _Entry:
             new_rows = nxt
             new_kv.append(v3)
         if self.batch:  # each row its own sequence: its cached rows [T, S, Hkv, hd], pos[t] of them valid
-            old = [paged.gather_kv(b, hp, "%ctx", True, il, part) for part in (0, 1)]
             att = paged.attention_batch(
-                b,
-                qc,
-                (old[0], old[1]),
-                (new_kv[0], new_kv[1]),
-                "%pos",
-                nh,
-                nkv,
-                hd,
-                hp.q_scale(),
-                hp.window(il),
+                b, hp, il, qc, (new_kv[0], new_kv[1]), "%pos", hp.q_scale(), hp.window(il)
             )
             return att, new_rows
-        old = [
-            paged.gather_kv(b, hp, "%ctx", False, il, part) for part in (0, 1)
-        ]  # the cached rows [start, Hkv, hd]
+        old = [paged.gather_kv(b, hp, "%ctx", il, part) for part in (0, 1)]  # the cached rows [S, Hkv, hd]
         kv_old, kv_new = (old[0], old[1]), (new_kv[0], new_kv[1])
         att = b.attention_window(qc, kv_old, kv_new, "%start", nh, nkv, hd, hp.q_scale(), hp.window(il))
         return att, new_rows

@@ -23,64 +23,40 @@ def rows_type(hp: HParams, t: str) -> str:
     return f"tensor<{t}x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}xf32>"
 
 
-def gather_kv(b: Body, hp: HParams, ctx: str, batched: bool, layer: int, part: int) -> str:
-    """Layer `layer`'s K (`part` 0) or V (1) at the slots `ctx`: [S] -> [S, Hkv, hd] for one
-    sequence, or [T, S] -> [T, S, Hkv, hd] for a batch (one sequence per row)."""
+def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
+    """Layer `layer`'s K (`part` 0) or V (1) of one sequence at the slots `ctx` [S] -> [S, Hkv, hd]."""
     nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
-    ctx_t = f"{b.t}x?" if batched else "?"
-    name = f"gather_kv_{b.t_tag if batched else 's'}_{nl}x{nkv}x{hd}"
-    if batched:
-        dims = (
-            "%D0 = tensor.dim %ctx, %c0 : tensor<"
-            + ctx_t
-            + "xi32>\n  %D1 = tensor.dim %ctx, %c1 : tensor<"
-            + ctx_t
-            + "xi32>"
-        )
-        dyn = "%D0, %D1" if b.dynamic else "%D1"
-        subs = {"IDX": "t, s", "PAR": '"parallel", "parallel"', "H_AT": "2", "D_AT": "3"}
-    else:
-        dims = "%D0 = tensor.dim %ctx, %c0 : tensor<?xi32>"
-        dyn = "%D0"
-        subs = {"IDX": "s", "PAR": '"parallel"', "H_AT": "1", "D_AT": "2"}
-    b.mod.helper(name, template("gather_kv.mlir").substitute(
-        NAME=name, L=str(nl), HKV=str(nkv), HD=str(hd), CTX=ctx_t, CTX_SHAPE=ctx_t.replace("x", ", "),
-        DIMS=dims, DYN_CTX=dyn, **subs,
-    ))  # fmt: skip
+    name = f"gather_kv_{nl}x{nkv}x{hd}"
+    b.mod.helper(name, template("gather_kv.mlir").substitute(NAME=name, L=str(nl), HKV=str(nkv), HD=str(hd)))
     consts = []
     for value in (layer, part):
         c = b.fresh("c")
         b.emit(f"{c} = arith.constant {value} : index")
         consts.append((c, "index"))
-    out_t = f"tensor<{ctx_t}x{nkv}x{hd}xf32>"
-    args = [("%cache", slab_type(hp)), (ctx, f"tensor<{ctx_t}xi32>"), *consts]
-    return b.call(name, args, out_t, "kv_old")
+    args = [("%cache", slab_type(hp)), (ctx, "tensor<?xi32>"), *consts]
+    return b.call(name, args, f"tensor<?x{nkv}x{hd}xf32>", "kv_old")
 
 
 def attention_batch(
-    b: Body, q: str, kv_old: tuple[str, str], kv_new: tuple[str, str], lens: str,
-    heads: int, heads_kv: int, head_dim: int, scale: float, window: int,
-) -> str:  # fmt: skip
-    """One new token per row, each row its own sequence with `lens[t]` cached rows (mlir/attention_batch.mlir)."""
+    b: Body, hp: HParams, layer: int, q: str, kv_new: tuple[str, str], lens: str, scale: float, window: int
+) -> str:
+    """One new token per row, each row its own sequence with `lens[t]` cached rows, read from the
+    slab through its slots `%ctx` inside the attention itself (mlir/attention_batch.mlir)."""
+    heads, heads_kv, head_dim = hp.head_count, hp.head_count_kv, hp.key_length
     win = window or NO_WINDOW
     name = f"attention_batch_w{win}_s{_sym(scale)}_{b.t_tag}_{heads}x{heads_kv}x{head_dim}"
     subs = {
         "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
-        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win),
+        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win), "L": str(hp.block_count),
         "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
     }  # fmt: skip
     b.mod.helper(name, template("attention_batch.mlir").substitute(subs))
-    old = f"tensor<{b.t}x?x{heads_kv}x{head_dim}xf32>"
     new = f"tensor<{b.t}x{heads_kv}x{head_dim}xf32>"
     hhd = b.act(heads * head_dim)
-    args = [
-        (q, hhd),
-        (kv_old[0], old),
-        (kv_old[1], old),
-        (kv_new[0], new),
-        (kv_new[1], new),
-        (lens, f"tensor<{b.t}xi32>"),
-    ]
+    c = b.fresh("layer")
+    b.emit(f"{c} = arith.constant {layer} : index")
+    args = [(q, hhd), ("%cache", slab_type(hp)), ("%ctx", f"tensor<{b.t}x?xi32>"), (c, "index"),
+            (kv_new[0], new), (kv_new[1], new), (lens, f"tensor<{b.t}xi32>")]  # fmt: skip
     return b.call(name, args, hhd, "attn")
 
 

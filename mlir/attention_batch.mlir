@@ -1,15 +1,19 @@
 // Attention for a batch of sequences, one new token each (batched decode). Row t is its own
-// sequence: query q[t] at position len[t] sees its cached rows ko[t, s]/vo[t, s] for s < len[t]
-// (gathered from its pages; entries past len[t] are padding) and its own new row kn[t]/vn[t].
-// Keys further back than WINDOW positions are masked (sliding-window layers). Softmax in f32 with
-// the max subtracted, accumulated over both parts; SCALE multiplies the scores.
-func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %ko: tensor<${T}x?x${HKV}x${HD}xf32>, %vo: tensor<${T}x?x${HKV}x${HD}xf32>,
-                           %kn: tensor<${T}x${HKV}x${HD}xf32>, %vn: tensor<${T}x${HKV}x${HD}xf32>,
+// sequence: query q[t] at position len[t] sees its cached rows, read straight from the slot-major
+// slab cache[ctx[t, s], layer] for s < len[t] (ctx holds the slots of its positions; entries past
+// len[t] are padding), and its own new row kn[t]/vn[t]. Reading the slab inside the score and
+// value products saves a gathered copy per layer. Keys further back than WINDOW positions are
+// masked (sliding-window layers). Softmax in f32 with the max subtracted, accumulated over both
+// parts; SCALE multiplies the scores.
+func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %cache: tensor<?x${L}x2x${HKV}x${HD}xf32>, %ctx: tensor<${T}x?xi32>,
+                           %layer: index, %kn: tensor<${T}x${HKV}x${HD}xf32>, %vn: tensor<${T}x${HKV}x${HD}xf32>,
                            %len: tensor<${T}xi32>) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %c1 = arith.constant 1 : index
   %T = tensor.dim %q, %c0 : tensor<${T}x${HHD}xf32>
-  %S = tensor.dim %ko, %c1 : tensor<${T}x?x${HKV}x${HD}xf32>
+  %S = tensor.dim %ctx, %c1 : tensor<${T}x?xi32>
+  %part_k = arith.constant 0 : index
+  %part_v = arith.constant 1 : index
   %z = arith.constant 0.0 : f32
   %ninf = arith.constant 0xFF800000 : f32
   %scale = arith.constant ${SCALE} : f32
@@ -19,10 +23,14 @@ func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %ko: tensor<${T}x?x${HKV
   %eso = tensor.empty(${DYN_S}) : tensor<${T}x${HKV}x${G}x?xf32>
   %so0 = linalg.fill ins(%z : f32) outs(%eso : tensor<${T}x${HKV}x${G}x?xf32>) -> tensor<${T}x${HKV}x${G}x?xf32>
   %sor = linalg.generic {indexing_maps = [affine_map<(t, g, r, s, d) -> (t, g, r, d)>,
-        affine_map<(t, g, r, s, d) -> (t, s, g, d)>, affine_map<(t, g, r, s, d) -> (t, g, r, s)>],
+        affine_map<(t, g, r, s, d) -> (t, s)>, affine_map<(t, g, r, s, d) -> (t, g, r, s)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-      ins(%qg, %ko : tensor<${T}x${HKV}x${G}x${HD}xf32>, tensor<${T}x?x${HKV}x${HD}xf32>) outs(%so0 : tensor<${T}x${HKV}x${G}x?xf32>) {
-    ^bb0(%a: f32, %b: f32, %o: f32):
+      ins(%qg, %ctx : tensor<${T}x${HKV}x${G}x${HD}xf32>, tensor<${T}x?xi32>) outs(%so0 : tensor<${T}x${HKV}x${G}x?xf32>) {
+    ^bb0(%a: f32, %slot: i32, %o: f32):
+      %gi = linalg.index 1 : index
+      %di = linalg.index 4 : index
+      %si = arith.index_cast %slot : i32 to index
+      %b = tensor.extract %cache[%si, %layer, %part_k, %gi, %di] : tensor<?x${L}x2x${HKV}x${HD}xf32>
       %m = arith.mulf %a, %b : f32
       %r = arith.addf %o, %m : f32
       linalg.yield %r : f32
@@ -89,10 +97,14 @@ func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %ko: tensor<${T}x?x${HKV
   %eo = tensor.empty(${DYN}) : tensor<${T}x${HKV}x${G}x${HD}xf32>
   %o0 = linalg.fill ins(%z : f32) outs(%eo : tensor<${T}x${HKV}x${G}x${HD}xf32>) -> tensor<${T}x${HKV}x${G}x${HD}xf32>
   %pvo = linalg.generic {indexing_maps = [affine_map<(t, g, r, d, s) -> (t, g, r, s)>,
-        affine_map<(t, g, r, d, s) -> (t, s, g, d)>, affine_map<(t, g, r, d, s) -> (t, g, r, d)>],
+        affine_map<(t, g, r, d, s) -> (t, s)>, affine_map<(t, g, r, d, s) -> (t, g, r, d)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]}
-      ins(%po, %vo : tensor<${T}x${HKV}x${G}x?xf32>, tensor<${T}x?x${HKV}x${HD}xf32>) outs(%o0 : tensor<${T}x${HKV}x${G}x${HD}xf32>) {
-    ^bb0(%a: f32, %b: f32, %acc: f32):
+      ins(%po, %ctx : tensor<${T}x${HKV}x${G}x?xf32>, tensor<${T}x?xi32>) outs(%o0 : tensor<${T}x${HKV}x${G}x${HD}xf32>) {
+    ^bb0(%a: f32, %slot: i32, %acc: f32):
+      %gi = linalg.index 1 : index
+      %di = linalg.index 3 : index
+      %si = arith.index_cast %slot : i32 to index
+      %b = tensor.extract %cache[%si, %layer, %part_v, %gi, %di] : tensor<?x${L}x2x${HKV}x${HD}xf32>
       %m = arith.mulf %a, %b : f32
       %r = arith.addf %acc, %m : f32
       linalg.yield %r : f32
