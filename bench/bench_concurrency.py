@@ -69,6 +69,7 @@ class Stream:
     last: float = 0.0
     tokens: int = 0
     cached: int = 0
+    prompt: int = 0
 
     @property
     def ttft(self) -> float:
@@ -101,6 +102,7 @@ def request(port: int, path: str, body: dict[str, Any]) -> Stream:
         data = json.loads(line[6:])
         if data.get("usage"):
             out.tokens = data["usage"]["completion_tokens"]
+            out.prompt = data["usage"].get("prompt_tokens") or 0
             out.cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         for choice in data.get("choices") or []:
             piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
@@ -170,14 +172,14 @@ def ttft_under_load(port: int, tokens: int) -> float:
 
 def history(seed: int) -> list[dict[str, str]]:
     words = ["river", "mountain", "lantern", "harbor", "orchard", "meadow", "glacier", "canyon", "village", "bridge", "tower", "garden", "forest", "desert", "island", "valley"]  # fmt: skip
-    text = " ".join(words[(i * 7 + seed) % len(words)] for i in range(640))
+    text = " ".join(words[(i * 7 + seed) % len(words)] for i in range(900))
     return [
         {"role": "system", "content": f"Session {seed}. You are a helpful assistant."},
         {"role": "user", "content": f"Here are my notes: {text}. Summarize them."},
     ]
 
 
-def session_follow_up(port: int, with_session: bool, seed: int) -> tuple[float, float, int]:
+def session_follow_up(port: int, with_session: bool, seed: int) -> tuple[float, float, int, int]:
     """TTFT of a follow-up turn after a first turn (reused) and of the same follow-up sent cold."""
     extra = {"session_id": f"bench-{seed}"} if with_session else {}
     turn1 = history(seed)
@@ -198,7 +200,7 @@ def session_follow_up(port: int, with_session: bool, seed: int) -> tuple[float, 
     ]
     cold = request(port, "/v1/chat/completions", {"messages": cold_msgs, "max_tokens": 4, "temperature": 0})
     del first
-    return warm.ttft, cold.ttft, warm.cached
+    return warm.ttft, cold.ttft, warm.cached, warm.prompt
 
 
 class Server:
@@ -247,7 +249,8 @@ def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
             add(f"ttft_{n}", worst)
         add("idle_ttft", completion(port, PROMPTS[7], 4).ttft)
         add("load_ttft", ttft_under_load(port, tokens))
-        warm, cold, cached = session_follow_up(port, server.name == "zinc", 10 * run + 1)
+        warm, cold, cached, prompt_tokens = session_follow_up(port, server.name == "zinc", 10 * run + 1)
+        add("follow_prompt", float(prompt_tokens))
         add("follow_warm", warm)
         add("follow_cold", cold)
         add("follow_cached", float(cached))
@@ -285,6 +288,7 @@ def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) ->
         row("session follow-up (~1,000-token history): time to first token (s)", "follow_warm", ".3f"),
         row("the same follow-up cold (s)", "follow_cold", ".3f"),
         row("... ratio", "follow_x", ".2f", "<= 0.3"),
+        row("follow-up prompt tokens", "follow_prompt", ".0f"),
         row("prompt tokens reused (`cached_tokens`)", "follow_cached", ".0f"),
         "",
         "llama.cpp's Python server decodes one request at a time (the others wait in its queue) and its single "

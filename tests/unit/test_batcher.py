@@ -19,9 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zinc.engine.batcher import FinishEvent, Scheduler, SequenceEvent, SequenceRequest, TokenEvent
+from zinc.engine.batcher import Scheduler
 from zinc.engine.generate import Sampled
 from zinc.engine.kv_pages import PagePool
+from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest, TokenEvent
 from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
 
 VOCAB = 100

@@ -12,7 +12,7 @@ resumes later by prefilling its prompt and the tokens it generated). Per-token c
 sequence's `TokenPicker`; events go to the request's `on_event` from the loop thread. A
 cancelled sequence stops and frees its pages at the next step boundary. A model error ends the
 sequences of that step with an "error" event; the loop keeps serving.
-Imports: zinc.engine (kv_pages, generate), zinc.errors, numpy, the stdlib.
+Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
@@ -20,80 +20,24 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import deque
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from zinc.engine.generate import Sampled
-from zinc.engine.kv_pages import PagePool, PageStats, Slots
+from zinc.engine.kv_pages import PagePool
+from zinc.engine.sequences import (
+    BatchStep,
+    FinishEvent,
+    FinishKind,
+    SchedulerStats,
+    SequenceRequest,
+    StepModel,
+    TokenEvent,
+)
 from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
 
-
-class Step(Protocol):
-    @property
-    def token(self) -> int: ...
-
-    def logits(self) -> Any: ...
-
-
-class BatchStep(Protocol):
-    def token(self, i: int) -> int: ...
-
-    def logits(self, i: int) -> Any: ...
-
-
-class StepModel(Protocol):
-    """What the scheduler needs from the device (zinc.runtime.session.ModelSession)."""
-
-    context_length: int
-    kv_slots: int
-
-    @property
-    def max_batch(self) -> int: ...
-
-    def prefill_slots(self, ids: Sequence[int], start: int, slots: Slots) -> Step: ...
-
-    def decode_batch(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots]
-    ) -> BatchStep: ...
-
-
-class Picker(Protocol):
-    def pick(self, greedy: int, logits: Callable[[], Any]) -> Sampled: ...
-
-    @property
-    def done(self) -> bool: ...
-
-
 T = TypeVar("T")
-FinishKind = Literal["stop", "length", "abort", "error"]
-
-
-@dataclass(frozen=True)
-class TokenEvent:
-    sampled: Sampled
-
-
-@dataclass(frozen=True)
-class FinishEvent:
-    reason: FinishKind
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int = 0
-    error: ZincError | None = None
-
-
-SequenceEvent = TokenEvent | FinishEvent
-
-
-@dataclass
-class SequenceRequest:
-    prompt_ids: Sequence[int]
-    max_tokens: int
-    stop_ids: Container[int]
-    picker: Picker
-    on_event: Callable[[SequenceEvent], None]
-    session_id: str | None = None
 
 
 @dataclass
@@ -116,17 +60,15 @@ class SequenceHandle:
     def __init__(self, scheduler: Scheduler, seq: _Sequence) -> None:
         self._scheduler, self._seq = scheduler, seq
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens taken from the prefix cache (known once the request is admitted)."""
+        return self._seq.cached
+
     def cancel(self) -> None:
         """Stop the sequence; its pages are freed at the next step boundary."""
         self._seq.cancelled = True
         self._scheduler.wake()
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    running: int
-    waiting: int
-    pages: PageStats
 
 
 class Scheduler:

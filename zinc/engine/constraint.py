@@ -29,7 +29,9 @@ class _TokenizerView:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         n = tokenizer.vocab_size
-        self.eos_token_id = tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
+        self.eos_token_id = (
+            tokenizer.eos_id if tokenizer.eos_id is not None else min(tokenizer.eog_ids, default=0)
+        )
         self.bos_token_id = tokenizer.bos_id
         self.tokens = [tokenizer.piece(i, skip_special=False) for i in range(n)]
         self.special_token_ids = [i for i in range(n) if tokenizer.is_special(i)]
@@ -51,8 +53,9 @@ def ll_tokenizer(tokenizer: Tokenizer) -> LLTokenizer:
         found = _CACHE.get(tokenizer)
         if found is None:
             eog = sorted(tokenizer.eog_ids) or None
-            found = LLTokenizer(TokenizerWrapper(_TokenizerView(tokenizer)), n_vocab=tokenizer.vocab_size,
-                                eos_token=eog)
+            found = LLTokenizer(
+                TokenizerWrapper(_TokenizerView(tokenizer)), n_vocab=tokenizer.vocab_size, eos_token=eog
+            )
             _CACHE[tokenizer] = found
         return found
 

@@ -22,9 +22,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from zinc.engine.batcher import FinishEvent, Scheduler, SequenceEvent, SequenceHandle, SequenceRequest
+from zinc.engine.batcher import Scheduler, SequenceHandle
 from zinc.engine.constraint import GrammarMatcher
 from zinc.engine.generate import Sampled, TokenPicker
+from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest
 from zinc.engine.stops import StopMatcher
 from zinc.engine.types import (
     EngineStats,
@@ -111,7 +112,9 @@ class LocalEngine:
         matcher = None
         if request.grammar is not None:
             loop = asyncio.get_running_loop()
-            matcher = await loop.run_in_executor(self._worker, partial(GrammarMatcher, request.grammar, self.tokenizer))
+            matcher = await loop.run_in_executor(
+                self._worker, partial(GrammarMatcher, request.grammar, self.tokenizer)
+            )
         picker = TokenPicker(prompt, request.sampling, eog, logprobs=request.logprobs, constraint=matcher)
         events: asyncio.Queue[SequenceEvent] = asyncio.Queue()
         loop = asyncio.get_running_loop()
@@ -129,7 +132,11 @@ class LocalEngine:
             handle.cancel()  # a no-op once finished; else the pages are freed at the next step
 
     async def _deltas(
-        self, request: GenerationRequest, events: asyncio.Queue[SequenceEvent], eog: frozenset[int], handle: SequenceHandle
+        self,
+        request: GenerationRequest,
+        events: asyncio.Queue[SequenceEvent],
+        eog: frozenset[int],
+        handle: SequenceHandle,
     ) -> AsyncIterator[TextDelta]:
         decoder = IncrementalDecoder(self.tokenizer)
         stops = StopMatcher(request.stop)
@@ -152,7 +159,7 @@ class LocalEngine:
                 yield TextDelta(text, (sampled.token,), logprobs=logprobs)
             if stops.stopped:
                 handle.cancel()
-                finish, cached = "stop", 0
+                finish, cached = "stop", handle.cached_tokens
                 break
         tail = stops.feed(decoder.flush()) if not stops.stopped else ""
         tail += stops.flush()

@@ -36,7 +36,9 @@ def _checked(source: str, kind: str, param: str) -> Grammar:
     error = LLMatcher.validate_grammar(source)
     if error:
         message = " ".join(error.split())
-        raise InvalidRequestError(f"'{param}' cannot be used for constrained decoding: {message[:300]}", param=param)
+        raise InvalidRequestError(
+            f"'{param}' cannot be used for constrained decoding: {message[:300]}", param=param
+        )
     return Grammar(source, kind)
 
 
@@ -69,12 +71,14 @@ def tool_call_schema(tools: Sequence[Mapping[str, Any]], name: str | None = None
         parameters = function.get("parameters")
         if not isinstance(parameters, Mapping) or not parameters:
             parameters = {"type": "object"}
-        options.append({
-            "type": "object",
-            "properties": {"name": {"const": function["name"]}, "arguments": dict(parameters)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        })
+        options.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": function["name"]}, "arguments": dict(parameters)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
     if not options:
         raise InvalidRequestError(f"No function named {name!r} in 'tools'.", param="tool_choice")
     return options[0] if len(options) == 1 else {"anyOf": options}

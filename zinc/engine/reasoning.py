@@ -47,7 +47,7 @@ class ReasoningSplitter:
             if self._state == "start":
                 stripped = held.lstrip()
                 if stripped.startswith(THINK_OPEN):
-                    self._state, self._held = "reasoning", stripped[len(THINK_OPEN):]
+                    self._state, self._held = "reasoning", stripped[len(THINK_OPEN) :]
                     self.saw_reasoning = True
                     continue
                 if THINK_OPEN.startswith(stripped):
@@ -59,12 +59,12 @@ class ReasoningSplitter:
                 if end >= 0:
                     if end:
                         out.append(("reasoning", held[:end]))
-                    self._state, self._held = "after", held[end + len(THINK_CLOSE):]
+                    self._state, self._held = "after", held[end + len(THINK_CLOSE) :]
                     continue
                 keep = _partial_suffix(held, THINK_CLOSE)
                 if len(held) > keep:
                     out.append(("reasoning", held[: len(held) - keep]))
-                self._held = held[len(held) - keep:]
+                self._held = held[len(held) - keep :]
                 break
             if self._state == "after":
                 stripped = held.lstrip()

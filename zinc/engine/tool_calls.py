@@ -196,12 +196,12 @@ class ToolCallParser:
             start = held.find(OPEN)
             if start >= 0:
                 self._emit_text(out, held[:start])
-                self._held = held[start + len(OPEN):]
+                self._held = held[start + len(OPEN) :]
                 self._in_call, self._announced, self._args_sent = True, False, 0
                 continue
             keep = _partial_suffix(held, OPEN)
             self._emit_text(out, held[: len(held) - keep])
-            self._held = held[len(held) - keep:]
+            self._held = held[len(held) - keep :]
             break
         return out
 
@@ -252,11 +252,11 @@ class ToolCallParser:
         call = self.calls[-1]
         if scan.args_start is not None:
             args_end = scan.args_end if scan.args_end is not None else len(block)
-            value = block[scan.args_start:args_end]
+            value = block[scan.args_start : args_end]
             if value.startswith('"') and scan.args_end is not None and not call.arguments:
                 self._send_args(out, str(json.loads(value)))  # arguments given as a JSON string
             else:
-                self._send_args(out, block[max(self._args_sent, scan.args_start):args_end])
+                self._send_args(out, block[max(self._args_sent, scan.args_start) : args_end])
         elif not call.arguments:
             self._send_args(out, "{}")
         self._in_call = False
@@ -276,24 +276,24 @@ class ToolCallParser:
                 return False  # not a call: given back as text once the block ends
             else:
                 self._emit_text(out, OPEN + block[: close + len(CLOSE)])
-                self._in_call, self._held = False, block[close + len(CLOSE):]
+                self._in_call, self._held = False, block[close + len(CLOSE) :]
                 return True
         if not self._announced and scan.name is not None:
             self._announce(out, scan.name)
         streaming = self._announced and scan.args_start is not None and scan.args_end is None
-        if streaming and not inner[scan.args_start or 0:].startswith('"'):  # an object's text as it comes
-            self._send_args(out, inner[max(self._args_sent, scan.args_start or 0):])
+        if streaming and not inner[scan.args_start or 0 :].startswith('"'):  # an object's text as it comes
+            self._send_args(out, inner[max(self._args_sent, scan.args_start or 0) :])
             self._args_sent = len(inner)
         if close >= 0 or scan.end is not None:
-            after = inner[scan.end:].lstrip(_WS) if scan.end is not None else ""
+            after = inner[scan.end :].lstrip(_WS) if scan.end is not None else ""
             if close < 0 and CLOSE.startswith(after) and after != CLOSE:
                 return False  # the object is complete; wait for the closing tag
             if not self._announced and scan.name is None:
                 self._emit_text(out, OPEN + block[: close + len(CLOSE)] if close >= 0 else OPEN + block)
-                self._in_call, self._held = False, block[close + len(CLOSE):] if close >= 0 else ""
+                self._in_call, self._held = False, block[close + len(CLOSE) :] if close >= 0 else ""
                 return True
             self._close_call(out, inner)
-            rest = block[close + len(CLOSE):] if close >= 0 else inner[scan.end:].lstrip(_WS)
+            rest = block[close + len(CLOSE) :] if close >= 0 else inner[scan.end :].lstrip(_WS)
             self._held = rest
             return True
         return False
