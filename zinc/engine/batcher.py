@@ -18,6 +18,7 @@ Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from zinc.engine.sequences import (
 from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
 
 T = TypeVar("T")
+log = logging.getLogger("zinc.engine")
 
 
 @dataclass
@@ -141,8 +143,16 @@ class Scheduler:
                     self._cond.wait()
                 if self._closed:
                     break
-                self._reap()
-                self._admit()
+                try:
+                    self._reap()
+                    self._admit()
+                except Exception as exc:  # never leave requests hanging on a bookkeeping fault
+                    log.error("scheduler fault; ending every request", exc_info=exc)
+                    for seq in [*self._running, *self._waiting]:
+                        self._finish(seq, "error", ZincError(f"scheduler fault: {exc}"))
+                    self._running.clear()
+                    self._waiting.clear()
+                    continue
                 prefill = next((s for s in self._running if not s.decoding), None)
                 decode = [s for s in self._running if s.decoding]
             if prefill is not None:
