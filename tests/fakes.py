@@ -8,7 +8,9 @@ engine does before batching, and records everything tests want to check: request
 calls, aborts and completions. With `script`, it generates that text instead (cut into pieces of
 `script_piece` characters, one per token, so tags split across tokens) and stops ("stop") when the
 script ends. When a request asks for logprobs, each token carries made-up but deterministic ones
-(token i: logprob -0.25 * (i % 4), alternatives below it).
+(token i: logprob -0.25 * (i % 4), alternatives below it). A request with a `session_id` keeps
+its prompt until `release_session`; the next request of that session reports the prompt prefix it
+shares with it (at most all but one token) as `usage.cached_tokens`.
 """
 
 from __future__ import annotations
@@ -125,7 +127,9 @@ class FakeEngine:
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         self.requests.append(request)
+        cached = 0
         if request.session_id is not None:
+            cached = _shared_prefix(self.sessions.get(request.session_id, []), request.prompt_ids)
             self.sessions[request.session_id] = list(request.prompt_ids)
         if len(request.prompt_ids) >= self._context_length:
             raise ContextLengthExceededError(len(request.prompt_ids), self._context_length)
@@ -143,7 +147,7 @@ class FakeEngine:
                     self.started.append(request.request_id)
                     if self.prefill_delay:
                         await asyncio.sleep(self.prefill_delay)
-                    async for delta in self._tokens(request):
+                    async for delta in self._tokens(request, cached):
                         finished = delta.finish_reason is not None
                         yield delta
                 finally:
@@ -153,7 +157,7 @@ class FakeEngine:
                 self.queued -= 1
             (self.completed if finished else self.aborts).append(request.request_id)
 
-    async def _tokens(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
+    async def _tokens(self, request: GenerationRequest, cached: int = 0) -> AsyncIterator[TextDelta]:
         text = ""  # generated so far
         sent = 0  # characters of `text` already emitted
         pieces = self._script_pieces()
@@ -169,15 +173,15 @@ class FakeEngine:
             logprobs = _fake_logprobs(n - 1, pieces[n - 1] if pieces else VOCAB[index], request.logprobs)
             hit = min((text.find(s, sent) for s in request.stop if text.find(s, sent) >= 0), default=-1)
             if hit >= 0:
-                yield self._final(text[sent:hit], index, "stop", request, n, logprobs)
+                yield self._final(text[sent:hit], index, "stop", request, n, logprobs, cached)
                 return
             safe = len(text) - _held_back(text, request.stop)
             if pieces is not None and n == len(pieces):
-                yield self._final(text[sent:], index, "stop", request, n, logprobs)
+                yield self._final(text[sent:], index, "stop", request, n, logprobs, cached)
                 return
             last = n == request.max_tokens
             if last:
-                yield self._final(text[sent:], index, "length", request, n, logprobs)
+                yield self._final(text[sent:], index, "length", request, n, logprobs, cached)
                 return
             yield TextDelta(text[sent:safe], token_ids=(TOKEN_BASE + index,), logprobs=logprobs)
             sent = max(sent, safe)
@@ -191,9 +195,9 @@ class FakeEngine:
     @staticmethod
     def _final(
         text: str, index: int, reason: FinishReason, request: GenerationRequest, n: int,
-        logprobs: tuple[TokenLogprob, ...] = (),
+        logprobs: tuple[TokenLogprob, ...] = (), cached: int = 0,
     ) -> TextDelta:  # fmt: skip
-        usage = Usage(len(request.prompt_ids), n)
+        usage = Usage(len(request.prompt_ids), n, cached)
         return TextDelta(text, token_ids=(TOKEN_BASE + index,), finish_reason=reason, usage=usage, logprobs=logprobs)
 
 
@@ -205,6 +209,16 @@ def _fake_logprobs(i: int, piece: str, top: int | None) -> tuple[TokenLogprob, .
     alternatives = [TopLogprob(piece, piece.encode(), logprob)]
     alternatives += [TopLogprob(f"alt{k}", f"alt{k}".encode(), logprob - k) for k in range(1, top)]
     return (TokenLogprob(piece, piece.encode(), logprob, tuple(alternatives[:top])),)
+
+
+def _shared_prefix(before: Sequence[int], now: Sequence[int]) -> int:
+    """Leading tokens `now` shares with `before`, leaving at least one of `now` to compute."""
+    n = 0
+    for a, b in zip(before, now[:-1], strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

@@ -137,12 +137,17 @@ class ServeOptions:
     port: int
     parallel: int
     api_key: str | None
+    kv_tokens: int | None = None  # KV slab positions (None: `parallel` whole contexts)
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     """Listen at once and load the model in the background (/health is 503 "loading" meanwhile)."""
     from zinc.server import ServerConfig, serve  # only serving needs the HTTP stack (0.3 s of imports)
 
+    if o.parallel < 1:
+        fail(f"--parallel must be at least 1, got {o.parallel}")
+    if o.kv_tokens is not None and o.kv_tokens < o.context:
+        fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
     spec = resolve_device(o.device, o.cpu_driver)
     catalog = registry(o.context, spec)
     model_id, path = pick_model(o.model, catalog)
@@ -150,7 +155,8 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         catalog.path(model_id)  # fail now, with the catalog's message, when it is not installed
     elif not path.is_file():
         fail(f"model file not found: {path}")
-    loader = CliLoader(catalog, spec, o.context, {model_id: path} if path is not None else {}, o.parallel)
+    paths = {model_id: path} if path is not None else {}
+    loader = CliLoader(catalog, spec, o.context, paths, o.parallel, o.kv_tokens)
     manager = EngineManager(loader=loader, registry=catalog)
     api_key = o.api_key or os.environ.get("ZINC_API_KEY")
     config = ServerConfig(host=o.host, port=o.port, parallel=o.parallel, api_key=api_key)
@@ -163,6 +169,12 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     serve(manager, config, initial_model=model_id)
 
 
+KvTokensOpt = Annotated[
+    int | None,
+    typer.Option("--kv-tokens", help="KV cache positions for all requests together (default: parallel x ctx-size)"),
+]
+
+
 @app.command("serve")
 def serve_cmd(
     model: ModelOpt = None,
@@ -170,6 +182,7 @@ def serve_cmd(
     host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
     context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
     parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")] = 8,
+    kv_tokens: KvTokensOpt = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -177,7 +190,7 @@ def serve_cmd(
     cpu_driver: CpuDriverOpt = "local-task",
 ) -> None:
     """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
-    run_server(ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key))
+    run_server(ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens))
 
 
 @app.command("chat")
@@ -187,6 +200,7 @@ def chat_cmd(
     host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
     context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
     parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")] = 8,
+    kv_tokens: KvTokensOpt = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -199,7 +213,8 @@ def chat_cmd(
         timer = threading.Timer(1.0, webbrowser.open, [f"http://{host}:{port}/"])
         timer.daemon = True
         timer.start()
-    run_server(ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key), chat_ui=True)
+    options = ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens)
+    run_server(options, chat_ui=True)
 
 
 @app.command("tokenize")
@@ -247,7 +262,7 @@ def main_cmd(
     if ctx.invoked_subcommand is not None:
         return
     if port is not None:
-        run_server(ServeOptions(model, device, cpu_driver, context, "127.0.0.1", port, 4, None))
+        run_server(ServeOptions(model, device, cpu_driver, context, "127.0.0.1", port, 8, None))
         return
     if prompt is None and prompt_ids is None:
         typer.echo(ctx.get_help())

@@ -3,8 +3,8 @@
 Owns: the `model` command group (a Typer sub-app that zinc.cli mounts), `pick_model()` (what
 `-m` names: a GGUF path, or a catalog id; none means the default chosen with `zinc model use`,
 else smollm2), and `CliLoader`, the `ModelLoader` a server uses to activate models: it compiles
-through the cache (`ensure_artifact`) and opens a `LocalEngine`, so the server itself never
-imports the compiler or the runtime.
+through the cache (`ensure_artifact`) and opens a `LocalEngine` with a KV slab of `kv_slots()`
+rows, so the server itself never imports the compiler or the runtime.
 Imports: typer, rich, zinc.catalog, zinc.compiler.build, zinc.engine, zinc.model, zinc.runtime,
 zinc.tokenizer, zinc.errors (this is the top of the stack, like zinc.cli).
 """
@@ -41,6 +41,15 @@ model_app = typer.Typer(
 )
 DEFAULT_MODEL = "smollm2"
 GIB = 1 << 30
+KV_PAGE_SIZE = 16  # positions per KV cache page
+
+
+def kv_slots(parallel: int, context: int, kv_tokens: int | None = None) -> int:
+    """Rows of the KV slab: `kv_tokens` positions (default: `parallel` whole contexts, resident
+    on the CPU only as pages are used), never less than one context, in whole pages, plus the
+    scratch page that batch padding writes to."""
+    tokens = max(kv_tokens if kv_tokens is not None else parallel * context, context)
+    return (-(-tokens // KV_PAGE_SIZE) + 1) * KV_PAGE_SIZE
 
 
 def registry(context: int = DEFAULT_CONTEXT, device: DeviceSpec | None = None) -> CatalogRegistry:
@@ -70,13 +79,20 @@ class CliLoader:
     """Loads models for a server: catalog ids (installed) and the paths given on the command line."""
 
     def __init__(
-        self, catalog: CatalogRegistry, device: DeviceSpec, context: int, paths: dict[str, Path], parallel: int = 8
+        self,
+        catalog: CatalogRegistry,
+        device: DeviceSpec,
+        context: int,
+        paths: dict[str, Path],
+        parallel: int = 8,
+        kv_tokens: int | None = None,
     ) -> None:
         self.catalog = catalog
         self.device = device
         self.context = context
         self.paths = dict(paths)
         self.parallel = parallel
+        self.kv_tokens = kv_tokens  # KV slab positions; None: `parallel` whole contexts
 
     def can_load(self, model_id: str) -> bool:
         if model_id in self.paths:
@@ -93,10 +109,10 @@ class CliLoader:
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         log.info("preparing %s for %s", model_id, self.device.name)
         artifact = ensure_artifact(path, self.device.target, lambda message: log.info("%s", message))
-        # KV pages for `parallel` full contexts (resident only as they are used) plus scratch
-        session = ModelSession(artifact, path, self.device, self.context, kv_slots=(self.parallel * self.context + 16))
+        slots = kv_slots(self.parallel, self.context, self.kv_tokens)
+        session = ModelSession(artifact, path, self.device, self.context, kv_slots=slots)
         chat = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
-        return LocalEngine(session, tokenizer, chat, model_id, parallel=self.parallel)
+        return LocalEngine(session, tokenizer, chat, model_id, parallel=self.parallel, page_size=KV_PAGE_SIZE)
 
 
 def _size(n: int) -> str:

@@ -77,7 +77,7 @@ def cards(setup: Setup) -> dict[str, Any]:
 def test_listing_shows_catalog_install_state_and_the_active_model(setup: Setup) -> None:
     body = setup.srv.get("/v1/models").json()
     assert body["object"] == "list" and body["active_model"] == "fake-model"
-    assert body["active_memory_budget_bytes"] == 1 << 34 and body["active_context_capacity_tokens"] == 512
+    assert body["active_memory_budget_bytes"] == 1 << 34 and body["active_context_capacity_tokens"] == 64 * 16  # the fake's KV pages
     by_id = {c["id"]: c for c in body["data"]}
     assert by_id["fake-model"]["active"] and not by_id["fake-model"]["managed"]
     alpha = by_id["alpha"]

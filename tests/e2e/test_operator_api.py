@@ -44,7 +44,7 @@ def test_metrics_parse_and_move_as_requests_are_served(srv: ServerThread) -> Non
                  "zinc_kv_cache_capacity_tokens", "zinc_kv_cache_reserved_bytes", "zinc_model_loading"):  # fmt: skip
         assert (name, ()) in before, name
     assert value(before, "zinc_model_loaded", model="fake-model") == 1
-    assert value(before, "zinc_kv_cache_capacity_tokens") == 512
+    assert value(before, "zinc_kv_cache_capacity_tokens") == 64 * 16  # the fake's KV pages
     for stream in (False, True):
         r = srv.post("/v1/chat/completions", {"messages": HI, "max_tokens": 5, "stream": stream})
         assert r.status_code == 200

@@ -107,6 +107,18 @@ class EngineStats:
     kv_pages_free: int = 0
     sessions: int = 0
 
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Positions the KV cache holds in all: its pages, or one context without paging."""
+        return self.kv_pages_total * self.kv_page_size or self.context_length
+
+    @property
+    def context_active_bytes(self) -> int:
+        """Bytes of the KV cache holding live positions (`context_tokens` of `kv_capacity_tokens`)."""
+        return self.context_reserved_bytes * min(self.context_tokens, self.kv_capacity_tokens) // max(
+            1, self.kv_capacity_tokens
+        )
+
 
 class Engine(Protocol):
     """What the server needs from a loaded model.

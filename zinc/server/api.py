@@ -145,9 +145,9 @@ class OpenAIApi:
             "gpu_memory_used_bytes": stats.weights_bytes + stats.context_reserved_bytes,
             "gpu_memory_weights_bytes": stats.weights_bytes,
             "gpu_context_reserved_bytes": stats.context_reserved_bytes,
-            "gpu_context_active_bytes": stats.context_reserved_bytes * stats.context_tokens // max(1, stats.context_length),
+            "gpu_context_active_bytes": stats.context_active_bytes,
             "gpu_context_tokens": stats.context_tokens,
-            "gpu_context_capacity_tokens": stats.context_length,
+            "gpu_context_capacity_tokens": stats.kv_capacity_tokens,
             "active_sessions": stats.sessions,
             "kv_cache": {
                 "page_size": stats.kv_page_size,

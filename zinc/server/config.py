@@ -18,15 +18,15 @@ MIB = 1024 * KIB
 class ServerConfig:
     """How the HTTP server listens and what it tolerates.
 
-    Admission: at most `parallel` requests generate at once, at most `max_queued_requests` more
-    wait for a slot; anything past that is refused at once with 429 (never left hanging). Until
-    the engine batches, it serializes generation, so `parallel` bounds its queue.
+    Admission: at most `parallel` requests generate at once (the engine decodes them together),
+    at most `max_queued_requests` more wait for a slot; anything past that is refused at once
+    with 429 (never left hanging).
     """
 
     host: str = "127.0.0.1"
     port: int = 8080  # 0 picks a free port (tests)
     api_key: str | None = None  # None: no authentication; `/health` is always public
-    parallel: int = 4  # requests admitted to the engine at once
+    parallel: int = 8  # requests admitted to the engine at once (`zinc serve --parallel`)
     max_queued_requests: int = 16  # requests waiting for a slot before 429
 
     max_header_bytes: int = 16 * KIB  # request line + headers larger than this: 431

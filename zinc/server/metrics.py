@@ -4,9 +4,10 @@ Owns: `ServerMetrics`: counters of HTTP requests (by method, route and status), 
 generated tokens and finished generations (by finish reason: stop, length, aborted, error);
 histograms of time to first token (from the generate call, so queueing counts) and time per
 output token; and gauges read at scrape time: requests running and queued, the KV cache (bytes
-reserved and in use, tokens in use and capacity; paging will turn these into pages) and the
-loaded model. It observes generations as an `EngineManager` observer and requests by wrapping
-the router. Unknown paths are counted under route "other" so the label set stays small.
+reserved and in use, positions in use and capacity, pages by state, the page size, sessions
+holding pages) and the loaded model. It observes generations as an `EngineManager` observer
+and requests by wrapping the router. Unknown paths are counted under route "other" so the label
+set stays small.
 Imports: zinc.engine.{manager, types}, zinc.server.exchange, prometheus_client, the stdlib.
 """
 
@@ -21,7 +22,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from zinc.engine.manager import EngineManager, close_events
-from zinc.engine.types import GenerationRequest, TextDelta
+from zinc.engine.types import EngineStats, GenerationRequest, TextDelta
 from zinc.server.exchange import Exchange, HttpRequest
 
 Handler = Callable[[HttpRequest, Exchange], Awaitable[None]]
@@ -48,20 +49,22 @@ class _StateCollector(Collector):
             "Requests waiting for a generation slot (queue depth).",
             value=stats.queued_requests + self._waiting(),
         )
-        in_use = stats.context_reserved_bytes * stats.context_tokens // max(1, stats.context_length)
         yield GaugeMetricFamily(
             "zinc_kv_cache_reserved_bytes", "KV cache bytes allocated on the device.",
             value=stats.context_reserved_bytes,
         )  # fmt: skip
         yield GaugeMetricFamily(
-            "zinc_kv_cache_used_bytes", "KV cache bytes holding live positions.", value=in_use
+            "zinc_kv_cache_used_bytes",
+            "KV cache bytes holding live positions.",
+            value=stats.context_active_bytes,
         )
         yield GaugeMetricFamily(
             "zinc_kv_cache_tokens", "KV cache positions in use.", value=stats.context_tokens
         )
         yield GaugeMetricFamily(
-            "zinc_kv_cache_capacity_tokens", "KV cache positions available.", value=stats.context_length
+            "zinc_kv_cache_capacity_tokens", "KV cache positions in all.", value=stats.kv_capacity_tokens
         )
+        yield from _page_gauges(stats)
         yield GaugeMetricFamily(
             "zinc_model_weights_bytes", "Weight bytes of the loaded model.", value=stats.weights_bytes
         )
@@ -74,6 +77,28 @@ class _StateCollector(Collector):
             "1 while a model is being loaded.",
             value=int(self._manager.loading is not None),
         )
+
+
+def _page_gauges(stats: EngineStats) -> Iterator[Metric]:
+    """The paged KV cache: pages by state, the page size, and sessions keeping pages."""
+    pages = GaugeMetricFamily(
+        "zinc_kv_cache_pages",
+        "KV cache pages: used (held by requests or sessions), cached (a reusable prefix, evictable), free.",
+        labels=["state"],
+    )
+    for state, count in (
+        ("used", stats.kv_pages_in_use),
+        ("cached", stats.kv_pages_cached),
+        ("free", stats.kv_pages_free),
+    ):
+        pages.add_metric([state], count)
+    yield pages
+    yield GaugeMetricFamily(
+        "zinc_kv_cache_page_size_tokens", "Positions per KV cache page.", value=stats.kv_page_size
+    )
+    yield GaugeMetricFamily(
+        "zinc_sessions_active", "Sessions keeping KV pages between requests.", value=stats.sessions
+    )
 
 
 class ServerMetrics:

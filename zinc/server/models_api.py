@@ -29,14 +29,13 @@ Json = dict[str, Any]
 
 def memory_fields(stats: EngineStats, prefix: str) -> Json:
     """The active model's memory, as /health (prefix "gpu_") and /v1/models ("active_") name it."""
-    active = stats.context_reserved_bytes * stats.context_tokens // max(1, stats.context_length)
     return {
         f"{prefix}memory_used_bytes": stats.weights_bytes + stats.context_reserved_bytes,
         f"{prefix}memory_weights_bytes": stats.weights_bytes,
         f"{prefix}context_reserved_bytes": stats.context_reserved_bytes,
-        f"{prefix}context_active_bytes": active,
+        f"{prefix}context_active_bytes": stats.context_active_bytes,
         f"{prefix}context_tokens": stats.context_tokens,
-        f"{prefix}context_capacity_tokens": stats.context_length,
+        f"{prefix}context_capacity_tokens": stats.kv_capacity_tokens,
     }
 
 

@@ -1,0 +1,50 @@
+"""`zinc serve`'s batching settings: how `--parallel` and `--kv-tokens` size the KV slab, that bad
+values are one-line errors before anything loads, and (e2e) that the CLI's loader gives the
+engine exactly that slab in pages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DEVICES
+from tests.e2e.test_cli import assert_one_line_error, zinc
+from zinc.catalog.registry import CatalogRegistry
+from zinc.cli_models import KV_PAGE_SIZE, CliLoader, kv_slots
+
+
+def test_kv_slots_default_to_parallel_contexts_plus_a_scratch_page() -> None:
+    assert KV_PAGE_SIZE == 16
+    assert kv_slots(8, 2048) == 8 * 2048 + 16
+    assert kv_slots(1, 100) == 112 + 16  # whole pages
+    assert kv_slots(8, 512, kv_tokens=1000) == 1008 + 16
+    assert kv_slots(8, 512, kv_tokens=512) == 512 + 16  # one context is the least
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-tokens", "100", "-c", "512"], "--kv-tokens must hold at least one context (512 positions), got 100"),
+        (["--parallel", "0"], "--parallel must be at least 1, got 0"),
+    ],
+)
+def test_bad_batching_settings_are_one_line_errors(args: list[str], message: str) -> None:
+    proc = zinc("serve", "-m", "/nonexistent/model.gguf", "--port", "0", *args, timeout=60)
+    assert_one_line_error(proc, message)
+
+
+@pytest.mark.e2e
+def test_the_cli_loader_gives_the_engine_its_kv_tokens_in_pages(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    device = DEVICES["cpu"]()
+    registry = CatalogRegistry(tmp_path, profile=device.name, context_length=128, supported={"llama"})
+    loader = CliLoader(registry, device, 128, {"tiny": tiny_models["tiny-q8-q41"]}, parallel=2, kv_tokens=300)
+    engine = loader.load("tiny")
+    try:
+        stats = engine.stats()
+        assert engine.context_length == 128 and engine.scheduler.parallel == 2
+        assert (stats.kv_page_size, stats.kv_pages_total, stats.kv_pages_free) == (16, 19, 19)  # ceil(300 / 16)
+        assert stats.context_reserved_bytes == engine.session.kv_cache_bytes()
+        assert engine.session.kv_slots == 20 * 16  # the scratch page too
+    finally:
+        engine.close()
