@@ -5,7 +5,8 @@ Usage: .venv/bin/python bench/bench_concurrency.py [--runs R] [--tokens N] [--ou
 sse-starlette, starlette-context and pydantic-settings next to llama-cpp-python; the benchmark
 only, never CI.)
 
-Starts `zinc serve --parallel 8` and then `python -m llama_cpp.server` (2 threads) as
+Starts `zinc serve --parallel 8` and then `python -m llama_cpp.server` (2 threads,
+`--interrupt_requests false`: by default it ends a running stream when another request comes) as
 subprocesses on loopback, each with the bundled SmolLM2 Q4_1, and measures with streaming
 `/v1/completions` requests (greedy, raw sockets in threads):
 1. one stream: decode tokens/s (first to last token) and time to first token;
@@ -32,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,9 @@ PROMPTS = [
     "Explain the rules of chess to a beginner, piece by piece. The king",
     "Describe a walk through a forest in autumn, in great detail. The path",
 ]
+# neither prompt shares a prefix with the ones above, so no server reuses a cached prompt for them
+WARM_UP = "Hello, how are you today?"
+PROBE = "Name the colors of the rainbow and say where each one comes from. Red"
 
 
 def say(msg: str) -> None:
@@ -70,6 +75,7 @@ class Stream:
     tokens: int = 0
     cached: int = 0
     prompt: int = 0
+    finish: str = ""
 
     @property
     def ttft(self) -> float:
@@ -105,6 +111,7 @@ def request(port: int, path: str, body: dict[str, Any]) -> Stream:
             out.prompt = data["usage"].get("prompt_tokens") or 0
             out.cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         for choice in data.get("choices") or []:
+            out.finish = choice.get("finish_reason") or out.finish
             piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
             if piece:
                 now = time.perf_counter()
@@ -112,6 +119,8 @@ def request(port: int, path: str, body: dict[str, Any]) -> Stream:
                 out.last = now
                 chunks += 1
     conn.close()
+    if not out.finish:
+        raise RuntimeError(f"{path}: the stream ended without a finish_reason (the server cut it short)")
     out.tokens = out.tokens or chunks
     return out
 
@@ -142,7 +151,7 @@ def in_threads(jobs: Sequence[Callable[[], Stream]]) -> list[Stream]:
 
 def concurrent(port: int, n_streams: int, tokens: int) -> tuple[float, float]:
     """Aggregate tokens/s and worst time to first token of `n_streams` streams sent at once."""
-    streams = in_threads([lambda p=p: completion(port, p, tokens) for p in PROMPTS[:n_streams]])
+    streams = in_threads([partial(completion, port, p, tokens) for p in PROMPTS[:n_streams]])
     wall = max(s.last for s in streams) - min(s.sent for s in streams)
     return sum(s.tokens for s in streams) / wall, max(s.ttft for s in streams)
 
@@ -158,7 +167,7 @@ def ttft_under_load(port: int, tokens: int) -> float:
     def probe() -> Stream:
         started.wait()
         time.sleep(1.0)  # the others are past their prompts and decoding
-        s = completion(port, PROMPTS[7], 4)
+        s = completion(port, PROBE, 4)
         result.append(s.ttft)
         return s
 
@@ -166,7 +175,7 @@ def ttft_under_load(port: int, tokens: int) -> float:
         started.wait()
         return background(prompt)
 
-    in_threads([*(lambda p=p: waiting(p) for p in PROMPTS[:7]), probe])
+    in_threads([*(partial(waiting, p) for p in PROMPTS[:7]), probe])
     return result[0]
 
 
@@ -174,7 +183,7 @@ def history(seed: int) -> list[dict[str, str]]:
     words = ["river", "mountain", "lantern", "harbor", "orchard", "meadow", "glacier", "canyon", "village", "bridge", "tower", "garden", "forest", "desert", "island", "valley"]  # fmt: skip
     text = " ".join(words[(i * 7 + seed) % len(words)] for i in range(900))
     return [
-        {"role": "system", "content": f"Session {seed}. You are a helpful assistant."},
+        {"role": "system", "content": f"Session {seed:04d}. You are a helpful assistant."},
         {"role": "user", "content": f"Here are my notes: {text}. Summarize them."},
     ]
 
@@ -195,7 +204,7 @@ def session_follow_up(port: int, with_session: bool, seed: int) -> tuple[float, 
         port, "/v1/chat/completions", {"messages": follow, "max_tokens": 4, "temperature": 0, **extra}
     )
     cold_msgs = [
-        {"role": "system", "content": f"Session {seed + 500}. You are a helpful assistant."},
+        {"role": "system", "content": f"Session {seed + 5000:04d}. You are a helpful assistant."},
         *follow[1:],
     ]
     cold = request(port, "/v1/chat/completions", {"messages": cold_msgs, "max_tokens": 4, "temperature": 0})
@@ -232,7 +241,7 @@ class Server:
 
 def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
     port = server.port
-    completion(port, PROMPTS[0], 4)  # warm up
+    completion(port, WARM_UP, 4)
     rows: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
@@ -247,7 +256,7 @@ def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
             rate, worst = concurrent(port, n, tokens)
             add(f"agg_{n}", rate)
             add(f"ttft_{n}", worst)
-        add("idle_ttft", completion(port, PROMPTS[7], 4).ttft)
+        add("idle_ttft", completion(port, PROBE, 4).ttft)
         add("load_ttft", ttft_under_load(port, tokens))
         warm, cold, cached, prompt_tokens = session_follow_up(port, server.name == "zinc", 10 * run + 1)
         add("follow_prompt", float(prompt_tokens))
@@ -259,7 +268,10 @@ def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
 
 def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) -> str:
     def row(label: str, key: str, fmt: str, target: str = "") -> str:
-        return f"| {label} | {z[key]:{fmt}} | {ll[key]:{fmt}} | {target} |"
+        def cell(d: dict[str, float]) -> str:  # prompt_tokens 0: the server sent no usage in its stream
+            return "n/a" if key == "follow_prompt" and not d[key] else f"{d[key]:{fmt}}"
+
+        return f"| {label} | {cell(z)} | {cell(ll)} | {target} |"
 
     ratio = {k: {f"r{n}": d[f"agg_{n}"] / d["one_rate"] for n in (4, 8)} for k, d in (("z", z), ("l", ll))}
     z.update(ratio["z"])
@@ -291,8 +303,10 @@ def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) ->
         row("follow-up prompt tokens", "follow_prompt", ".0f"),
         row("prompt tokens reused (`cached_tokens`)", "follow_cached", ".0f"),
         "",
-        "llama.cpp's Python server decodes one request at a time (the others wait in its queue) and its single "
-        "slot reuses only the longest common prefix with the previous prompt. zinc decodes every stream in one "
+        "llama.cpp's Python server decodes one request at a time (the others wait in its queue; it runs with "
+        "`--interrupt_requests false`, as its default ends a stream as soon as another request arrives) and its "
+        "single slot reuses only the longest common prefix with the previous prompt (its follow-up row is the "
+        "follow-up sent right after the first turn, without a session). zinc decodes every stream in one "
         "batched step, keeps whole pages of earlier prompts in its prefix cache and pins a session's pages "
         "between turns.",
     ]
@@ -317,7 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         zinc.stop()
     port = free_port()
     llama = Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--n_threads", "2",
-                                 "--n_threads_batch", "2", "--n_ctx", "4096", "--port", str(port)],
+                                 "--n_threads_batch", "2", "--n_ctx", "4096", "--port", str(port),
+                                 "--interrupt_requests", "false"],
                    port, "/v1/models")  # fmt: skip
     try:
         results["llama"] = measure(llama, args.runs, args.tokens)
