@@ -1,9 +1,9 @@
 """The continuous-batching scheduler (zinc.engine.batcher) and its pages (zinc.engine.kv_pages)
 with a fake model.
 
-The fake keeps a slab of (token, position) per slot and checks every read: a step may only read
-slots that hold its own sequence's earlier positions, in order. Its greedy token is a hash of the
-history it read back, so a wrong page table or a lost row changes the output. Covers admission,
+The fake (tests/unit/_fake_step_model.py) checks every read: a step may only read slots that hold
+its own sequence's earlier positions, in order. Its greedy token is a hash of the history it read
+back, so a wrong page table or a lost row changes the output. Covers admission,
 batching equal to solo runs, interleaved prefill, abort, prefix reuse, sessions, eviction,
 preemption and a failing step.
 """
@@ -11,93 +11,18 @@ preemption and a failing step.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 
+from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
 from zinc.engine.batcher import Scheduler
 from zinc.engine.generate import Sampled
 from zinc.engine.kv_pages import PagePool
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest, TokenEvent
-from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
+from zinc.errors import ContextLengthExceededError, QueueFullError
 
-VOCAB = 100
 EOS = 1
-WAIT_S = 10.0
-
-
-def next_token(history: Sequence[int]) -> int:
-    return sum((t + 1) * (i + 7) for i, t in enumerate(history)) % 97 + 2  # never EOS
-
-
-@dataclass
-class FakeStep:
-    token: int
-
-    def logits(self) -> np.ndarray:
-        row = np.zeros(VOCAB, np.float32)
-        row[self.token] = 1.0
-        return row
-
-
-@dataclass
-class FakeBatch:
-    tokens: list[int]
-
-    def token(self, i: int) -> int:
-        return self.tokens[i]
-
-    def logits(self, i: int) -> np.ndarray:
-        return FakeStep(self.tokens[i]).logits()
-
-
-@dataclass
-class FakeModel:
-    context_length: int = 64
-    kv_slots: int = 16 * 24
-    max_batch: int = 4
-    fail_on: int | None = None  # a decode input token that raises
-    delay: float = 0.0  # seconds per call
-    slab: dict[int, tuple[int, int]] = field(default_factory=dict)
-    calls: list[tuple[str, int]] = field(default_factory=list)  # ("prefill", tokens) / ("decode", rows)
-
-    def _history(self, slots: Sequence[int], n: int) -> list[int]:
-        out = []
-        for p in range(n):
-            token, pos = self.slab[int(slots[p])]
-            assert pos == p, f"slot {slots[p]} holds position {pos}, not {p}"
-            assert int(slots[p]) >= 16, "page 0 is scratch"
-            out.append(token)
-        return out
-
-    def prefill_slots(self, ids: Sequence[int], start: int, slots: Any) -> FakeStep:
-        self.calls.append(("prefill", len(ids)))
-        time.sleep(self.delay)
-        history = self._history(slots, start) + list(ids)
-        for i, token in enumerate(ids):
-            self.slab[int(slots[start + i])] = (token, start + i)
-        return FakeStep(next_token(history))
-
-    def decode_batch(
-        self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Any]
-    ) -> FakeBatch:
-        self.calls.append(("decode", len(tokens)))
-        time.sleep(self.delay)
-        assert len(tokens) <= self.max_batch
-        written = [int(s[p]) for s, p in zip(slots, positions, strict=True)]
-        assert len(set(written)) == len(written), "two sequences write one slot"
-        out = []
-        for token, pos, own in zip(tokens, positions, slots, strict=True):
-            if token == self.fail_on:
-                raise ZincError("device lost")
-            out.append(next_token([*self._history(own, pos), token]))
-        for token, pos, own in zip(tokens, positions, slots, strict=True):
-            self.slab[int(own[pos])] = (token, pos)
-        return FakeBatch(out)
 
 
 class Greedy:
@@ -134,19 +59,6 @@ class Run:
         return self.finish
 
 
-def solo(prompt: list[int], n: int) -> list[int]:
-    history, out = list(prompt), []
-    for _ in range(n):
-        token = next_token(history)
-        out.append(token)
-        history.append(token)
-    return out
-
-
-def prompt(seed: int, n: int) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(2, VOCAB, n)]
-
-
 @pytest.fixture
 def model() -> FakeModel:
     return FakeModel()
@@ -166,7 +78,7 @@ def test_eight_sequences_together_equal_each_alone(model: FakeModel) -> None:
         for run, p in zip(runs, prompts, strict=True):
             assert run.wait().reason == "length"
             assert run.tokens == solo(p, 12)
-        assert max(rows for kind, rows in model.calls if kind == "decode") == model.max_batch  # batched
+        assert max(model.rows("decode")) == model.max_batch  # batched
         stats = scheduler.stats()
         assert stats.running == 0 and stats.pages.in_use == 0
     finally:
@@ -198,7 +110,7 @@ def test_long_prompt_is_prefilled_between_decode_steps() -> None:
         second = Run(scheduler, prompt(2, 30), max_tokens=4)
         assert second.wait().reason == "length" and second.tokens == solo(prompt(2, 30), 4)
         assert first.finish is None  # still streaming while the long prompt went in
-        kinds = [kind for kind, _ in model.calls]
+        kinds = [call.kind for call in model.calls]
         at = kinds.index("prefill", 1)  # the second request's first chunk
         assert "decode" in kinds[at + 1 : at + 3], "a decode step runs between prefill chunks"
         first.wait()
@@ -230,7 +142,7 @@ def test_shared_prefix_is_computed_once(model: FakeModel) -> None:
         b = Run(scheduler, [*system, 9], max_tokens=3)
         finish = b.wait()
         assert finish.cached_tokens == 32  # two whole pages of the 40-token prefix
-        assert model.calls[0] == ("prefill", 41 - 32)
+        assert (model.calls[0].kind, len(model.calls[0].tokens)) == ("prefill", 41 - 32)
         assert b.tokens == solo([*system, 9], 3)
     finally:
         scheduler.close()

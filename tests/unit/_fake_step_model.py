@@ -1,0 +1,134 @@
+"""A fake `StepModel` for the scheduler tests (test_batcher.py, test_scheduler.py).
+
+Each slot of its slab holds the whole token history that ends at it, so a read checks that every
+earlier position of the sequence is its own (a slot another sequence overwrote, a wrong page table
+or a lost row fails the call); the greedy token is a hash of that history, so tokens equal `solo`
+only when every position was read back right. Every call is recorded (kind, rows, positions, slots
+written); a call can be held (`hold_at`) so a test sees the loop between two steps, slowed
+(`delay`) or made to fail (`fail_prefill`, `fail_on`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from zinc.errors import ZincError
+
+VOCAB = 100
+PAGE = 16
+WAIT_S = 10.0
+
+
+def next_token(history: Sequence[int]) -> int:
+    return sum((t + 1) * (i + 3) for i, t in enumerate(history)) % 97 + 2  # never 0 or 1
+
+
+def solo(prompt: Sequence[int], n: int) -> list[int]:
+    history, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return out
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(2, VOCAB, n)]
+
+
+@dataclass
+class Call:
+    kind: str  # "prefill" or "decode"
+    tokens: list[int]
+    positions: list[int]  # prefill: the chunk's positions; decode: one per row
+    written: list[int]  # the slot of each new row
+
+
+@dataclass
+class Row:
+    token: int
+
+    def logits(self) -> np.ndarray:
+        row = np.zeros(VOCAB, np.float32)
+        row[self.token] = 1.0
+        return row
+
+
+@dataclass
+class Rows:
+    tokens: list[int]
+
+    def token(self, i: int) -> int:
+        return self.tokens[i]
+
+    def logits(self, i: int) -> np.ndarray:
+        return Row(self.tokens[i]).logits()
+
+
+@dataclass
+class FakeModel:
+    context_length: int = 64
+    kv_slots: int = PAGE * 24
+    max_batch: int = 4
+    fail_prefill: Callable[[list[int]], bool] = lambda ids: False
+    fail_on: int | None = None  # a decode input token that raises
+    delay: float = 0.0  # seconds per call
+    slab: dict[int, tuple[int, ...]] = field(default_factory=dict)  # slot -> history ending there
+    calls: list[Call] = field(default_factory=list)
+    hold_at: int | None = None  # the call with this index waits (inside set) until `go` is set
+    inside: threading.Event = field(default_factory=threading.Event)
+    go: threading.Event = field(default_factory=threading.Event)
+
+    def _gate(self) -> None:
+        time.sleep(self.delay)
+        if self.hold_at is not None and len(self.calls) == self.hold_at:
+            self.hold_at = None
+            self.inside.set()
+            assert self.go.wait(WAIT_S), "the test never let the model go on"
+
+    def _read(self, slots: Any, n: int) -> list[int]:
+        history: list[int] = []
+        for p in range(n):
+            slot = int(slots[p])
+            assert slot >= PAGE, "page 0 is scratch"
+            held = self.slab.get(slot)
+            assert held is not None and list(held[:-1]) == history, f"position {p} (slot {slot}) is not ours"
+            history.append(held[-1])
+        return history
+
+    def prefill_slots(self, ids: Sequence[int], start: int, slots: Any) -> Row:
+        self._gate()
+        assert len(slots) == start + len(ids) <= self.context_length
+        history = self._read(slots, start)
+        written = [int(s) for s in slots[start:]]
+        self.calls.append(Call("prefill", list(ids), list(range(start, start + len(ids))), written))
+        if self.fail_prefill(list(ids)):
+            raise ZincError("device lost")
+        for i, token in enumerate(ids):
+            history.append(token)
+            self.slab[written[i]] = tuple(history)
+        return Row(next_token(history))
+
+    def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Any]) -> Rows:
+        self._gate()
+        assert 1 <= len(tokens) <= self.max_batch
+        written = [int(s[p]) for s, p in zip(slots, positions, strict=True)]
+        assert len(set(written)) == len(written), "two sequences write one slot"
+        self.calls.append(Call("decode", list(tokens), list(positions), written))
+        histories = []
+        for token, pos, own in zip(tokens, positions, slots, strict=True):
+            if token == self.fail_on:
+                raise ZincError("device lost")
+            assert len(own) == pos + 1 and pos < self.context_length
+            histories.append([*self._read(own, pos), token])
+        for history, slot in zip(histories, written, strict=True):
+            self.slab[slot] = tuple(history)
+        return Rows([next_token(h) for h in histories])
+
+    def rows(self, kind: str) -> list[int]:
+        return [len(c.tokens) for c in self.calls if c.kind == kind]
