@@ -198,7 +198,9 @@ class FakeEngine:
         logprobs: tuple[TokenLogprob, ...] = (), cached: int = 0,
     ) -> TextDelta:  # fmt: skip
         usage = Usage(len(request.prompt_ids), n, cached)
-        return TextDelta(text, token_ids=(TOKEN_BASE + index,), finish_reason=reason, usage=usage, logprobs=logprobs)
+        return TextDelta(
+            text, token_ids=(TOKEN_BASE + index,), finish_reason=reason, usage=usage, logprobs=logprobs
+        )
 
 
 def _fake_logprobs(i: int, piece: str, top: int | None) -> tuple[TokenLogprob, ...]:

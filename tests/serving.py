@@ -20,7 +20,9 @@ from zinc.server import Server, ServerConfig, start_server
 class FakeLoader:
     """Opens a `FakeEngine` for ids it was given or that the registry has installed."""
 
-    def __init__(self, ids: set[str] | None = None, registry: ModelRegistry | None = None, **engine: Any) -> None:
+    def __init__(
+        self, ids: set[str] | None = None, registry: ModelRegistry | None = None, **engine: Any
+    ) -> None:
         self.ids = set(ids or ())
         self.registry = registry
         self.engine_options = engine
@@ -50,7 +52,9 @@ class ServerThread:
         self.loop = uvloop.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        future = asyncio.run_coroutine_threadsafe(start_server(engine, ServerConfig(**{"port": 0, **config})), self.loop)
+        future = asyncio.run_coroutine_threadsafe(
+            start_server(engine, ServerConfig(**{"port": 0, **config})), self.loop
+        )
         self.server: Server = future.result(timeout=5)
         self.url = f"http://127.0.0.1:{self.server.port}"
         self.http = httpx2.Client(base_url=self.url, timeout=20)

@@ -48,7 +48,9 @@ app.add_typer(model_app, name="model")
 ModelOpt = Annotated[
     str | None,
     typer.Option(
-        "--model", "-m", help="GGUF file, or a catalog model id (zinc model list); default: the one chosen with `zinc model use`, else smollm2"
+        "--model",
+        "-m",
+        help="GGUF file, or a catalog model id (zinc model list); default: the one chosen with `zinc model use`, else smollm2",
     ),
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"Where to run: {'|'.join(DEVICE_CHOICES)}")]
@@ -79,12 +81,21 @@ def open_session(model: Path, device: DeviceSpec, context: int) -> ModelSession:
 
 @app.command("compile")
 def compile_cmd(
-    model: Annotated[str, typer.Argument(help="GGUF model file, or a bundled model name (smollm2, gemma3-270m)")],
-    target: Annotated[str, typer.Option("--target", "-t", help=f"Compile target: {'|'.join(TARGETS)}")] = "cpu",
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Artifact directory (default: the cache)")] = None,
+    model: Annotated[
+        str, typer.Argument(help="GGUF model file, or a bundled model name (smollm2, gemma3-270m)")
+    ],
+    target: Annotated[
+        str, typer.Option("--target", "-t", help=f"Compile target: {'|'.join(TARGETS)}")
+    ] = "cpu",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Artifact directory (default: the cache)")
+    ] = None,
     keep_ir: Annotated[bool, typer.Option("--keep-ir", help="Also write the generated MLIR")] = False,
     batch: Annotated[
-        str | None, typer.Option("--batch", help="Decode batch buckets, e.g. 1,4,8,16 (default 1,4,8; 1 is always built)")
+        str | None,
+        typer.Option(
+            "--batch", help="Decode batch buckets, e.g. 1,4,8,16 (default 1,4,8; 1 is always built)"
+        ),
     ] = None,
 ) -> None:
     """Compile MODEL.gguf into an artifact directory (vmfb + manifest.json)."""
@@ -164,14 +175,17 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     url = f"http://{o.host}:{o.port}"
     where = f"chat UI at {url}/ (API at {url}/v1)" if chat_ui else f"{url}/v1"
     err.print(
-        f"zinc: serving [bold]{escape(model_id)}[/] on {spec.name} at {where} (context {o.context})", soft_wrap=True
+        f"zinc: serving [bold]{escape(model_id)}[/] on {spec.name} at {where} (context {o.context})",
+        soft_wrap=True,
     )
     serve(manager, config, initial_model=model_id)
 
 
 KvTokensOpt = Annotated[
     int | None,
-    typer.Option("--kv-tokens", help="KV cache positions for all requests together (default: parallel x ctx-size)"),
+    typer.Option(
+        "--kv-tokens", help="KV cache positions for all requests together (default: parallel x ctx-size)"
+    ),
 ]
 
 
@@ -180,8 +194,12 @@ def serve_cmd(
     model: ModelOpt = None,
     port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 8080,
     host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
-    context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
-    parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")] = 8,
+    context: Annotated[
+        int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")
+    ] = DEFAULT_CONTEXT,
+    parallel: Annotated[
+        int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")
+    ] = 8,
     kv_tokens: KvTokensOpt = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
@@ -198,8 +216,12 @@ def chat_cmd(
     model: ModelOpt = None,
     port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 9090,
     host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
-    context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
-    parallel: Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")] = 8,
+    context: Annotated[
+        int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")
+    ] = DEFAULT_CONTEXT,
+    parallel: Annotated[
+        int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")
+    ] = 8,
     kv_tokens: KvTokensOpt = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
@@ -229,7 +251,9 @@ def tokenize_cmd(
     ids = tokenizer.encode(read_text(text), add_special=not no_special)
     if as_json:
         pieces = [tokenizer.piece(i, skip_special=False).decode("utf-8", errors="replace") for i in ids]
-        typer.echo(json.dumps([{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)], ensure_ascii=False))
+        typer.echo(
+            json.dumps([{"id": i, "piece": p} for i, p in zip(ids, pieces, strict=True)], ensure_ascii=False)
+        )
     else:
         typer.echo(" ".join(str(i) for i in ids))
 
@@ -244,9 +268,12 @@ def main_cmd(
     model: ModelOpt = None,
     prompt: Annotated[str | None, typer.Option("--prompt", help="Prompt text ('-' reads stdin)")] = None,
     chat: Annotated[
-        bool | None, typer.Option("--chat/--raw", help="Apply the chat template (default: when the model has one)")
+        bool | None,
+        typer.Option("--chat/--raw", help="Apply the chat template (default: when the model has one)"),
     ] = None,
-    port: Annotated[int | None, typer.Option("--port", "-p", help="Serve the API on this port instead")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", "-p", help="Serve the API on this port instead")
+    ] = None,
     prompt_ids: Annotated[
         str | None, typer.Option("--prompt-ids", help="Prompt as comma-separated token ids, e.g. 1,2,3")
     ] = None,
@@ -255,8 +282,12 @@ def main_cmd(
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed")] = None,
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
-    context: Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")] = DEFAULT_CONTEXT,
-    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Do not stop at end-of-generation tokens")] = False,
+    context: Annotated[
+        int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")
+    ] = DEFAULT_CONTEXT,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Do not stop at end-of-generation tokens")
+    ] = False,
 ) -> None:
     """Prompt mode: generate from a prompt and print the completion as it is produced."""
     if ctx.invoked_subcommand is not None:

@@ -99,6 +99,14 @@ class QueueFullError(ZincError):
     code = "queue_full"
 
 
+class EngineClosedError(ZincError):
+    """The engine shut down (server exit, model swap) before the request could finish."""
+
+    status = 503
+    error_type = "server_error"
+    code = "engine_closed"
+
+
 class AuthenticationError(ZincError):
     """A missing or wrong API key."""
 

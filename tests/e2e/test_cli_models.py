@@ -71,7 +71,10 @@ def test_model_pull_use_rm(home: tuple[Path, FileServer]) -> None:
     assert used.returncode == 0 and "tiny is now the default model" in used.stderr, used.stderr
     assert json.loads((path / "config.json").read_text()) == {"default_model": "tiny"}
     table = zinc(path, "model", "list")
-    rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line for line in table.stdout.splitlines()[1:-1]}
+    rows = {
+        line.split()[1] if line.startswith("*") else line.split()[0]: line
+        for line in table.stdout.splitlines()[1:-1]
+    }
     assert rows["tiny"].startswith("*") and " yes " in rows["tiny"] and not rows["smollm2"].startswith("*")
     assert "not yet (gemma3)" in rows["gemma3-270m"] or " yes" in rows["gemma3-270m"]
     removed = zinc(path, "model", "rm", "tiny")
@@ -88,7 +91,9 @@ def test_model_pull_use_rm(home: tuple[Path, FileServer]) -> None:
         (("serve", "-m", "tiny2", "--device", "cpu"), "not installed"),
     ],
 )
-def test_model_command_errors_are_one_line(home: tuple[Path, FileServer], args: tuple[str, ...], message: str) -> None:
+def test_model_command_errors_are_one_line(
+    home: tuple[Path, FileServer], args: tuple[str, ...], message: str
+) -> None:
     path, _ = home
     out = zinc(path, *args)
     assert out.returncode == 1 and message in out.stderr, out.stderr
@@ -143,16 +148,26 @@ def test_serve_loads_the_default_and_manages_models(home: tuple[Path, FileServer
         )  # fmt: skip
         status, out = call(port, "POST", "/v1/completions", {"prompt": "the end", "max_tokens": 2})
         assert status == 200 and out["model"] == "tiny2"
-        status, out = call(port, "POST", "/v1/completions", {"prompt": "the end", "max_tokens": 2, "model": "tiny"})
+        status, out = call(
+            port, "POST", "/v1/completions", {"prompt": "the end", "max_tokens": 2, "model": "tiny"}
+        )
         assert status == 200 and out["model"] == "tiny"
         status, out = call(port, "POST", "/v1/models/remove", {"model": "tiny"})
         assert status == 409
         status, out = call(port, "POST", "/v1/models/remove", {"model": "tiny", "force": True})
-        assert status == 200 and out["unloaded_from_gpu"] and out["deleted_model"] and out["cleared_active_selection"]
+        assert (
+            status == 200
+            and out["unloaded_from_gpu"]
+            and out["deleted_model"]
+            and out["cleared_active_selection"]
+        )
         status, out = call(port, "POST", "/v1/completions", {"prompt": "x", "max_tokens": 1})
         assert status == 503 and out["error"]["code"] == "service_unavailable"
         models = call(port, "GET", "/v1/models")[1]
-        assert models["active_model"] is None and {m["id"]: m["installed"] for m in models["data"]}["tiny"] is False
+        assert (
+            models["active_model"] is None
+            and {m["id"]: m["installed"] for m in models["data"]}["tiny"] is False
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)

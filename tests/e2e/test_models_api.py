@@ -40,7 +40,9 @@ class Setup:
         entries = [catalog_entry(i, files.url("blob.gguf")) for i in ("alpha", "beta")]
         (home / "catalog.json").write_bytes(orjson.dumps({"models": entries}))
         self.files = files
-        self.registry = CatalogRegistry(home, supported={"llama"}, memory_budget_bytes=1 << 34, context_length=512)
+        self.registry = CatalogRegistry(
+            home, supported={"llama"}, memory_budget_bytes=1 << 34, context_length=512
+        )
         self.loader = FakeLoader({"fake-model"}, self.registry, token_delay=0.002)
         self.manager = EngineManager(engine, loader=self.loader, registry=self.registry)
         self.srv = ServerThread(self.manager)
@@ -52,7 +54,9 @@ class Setup:
             assert self.registry.wait(model_id, 20).phase == "done"
 
     def chat(self, model: str | None = None, **extra: Any) -> Any:
-        return self.srv.post("/v1/chat/completions", {"messages": HI, "max_tokens": 3, "model": model, **extra})
+        return self.srv.post(
+            "/v1/chat/completions", {"messages": HI, "max_tokens": 3, "model": model, **extra}
+        )
 
 
 @pytest.fixture
@@ -77,7 +81,9 @@ def cards(setup: Setup) -> dict[str, Any]:
 def test_listing_shows_catalog_install_state_and_the_active_model(setup: Setup) -> None:
     body = setup.srv.get("/v1/models").json()
     assert body["object"] == "list" and body["active_model"] == "fake-model"
-    assert body["active_memory_budget_bytes"] == 1 << 34 and body["active_context_capacity_tokens"] == 64 * 16  # the fake's KV pages
+    assert (
+        body["active_memory_budget_bytes"] == 1 << 34 and body["active_context_capacity_tokens"] == 64 * 16
+    )  # the fake's KV pages
     by_id = {c["id"]: c for c in body["data"]}
     assert by_id["fake-model"]["active"] and not by_id["fake-model"]["managed"]
     alpha = by_id["alpha"]
@@ -104,7 +110,11 @@ def test_pull_reports_progress_and_answers_202_while_downloading(setup: Setup, f
     assert card["installed"] and card["download_phase"] == "done"
     assert any(downloading and 0 < done < total == len(BLOB) for downloading, done, total in seen), seen
     done = setup.srv.post("/v1/models/pull", {"model": "alpha"})
-    assert done.status_code == 200 and done.json() == {"object": "model.pull", "id": "alpha", "state": "installed"}
+    assert done.status_code == 200 and done.json() == {
+        "object": "model.pull",
+        "id": "alpha",
+        "state": "installed",
+    }
 
 
 @pytest.mark.parametrize(
@@ -204,7 +214,9 @@ def test_health_is_503_loading_until_the_first_model_is_loaded(tmp_path: Path, f
     try:
         s.loader.gate = threading.Event()
         result: list[Any] = []
-        activation = threading.Thread(target=lambda: result.append(s.srv.post("/v1/models/activate", {"model": "fake-model"})))
+        activation = threading.Thread(
+            target=lambda: result.append(s.srv.post("/v1/models/activate", {"model": "fake-model"}))
+        )
         activation.start()
         deadline = time.monotonic() + 10
         while s.manager.loading is None and time.monotonic() < deadline:

@@ -51,7 +51,10 @@ def test_metrics_parse_and_move_as_requests_are_served(srv: ServerThread) -> Non
     assert srv.post("/v1/completions", {"prompt": "x", "max_tokens": 4, "model": "nope"}).status_code == 404
     after = scrape(srv)
     chat = {"method": "POST", "route": "/v1/chat/completions", "status": "200"}
-    assert value(after, "zinc_http_requests_total", **chat) - value(before, "zinc_http_requests_total", **chat) == 2
+    assert (
+        value(after, "zinc_http_requests_total", **chat) - value(before, "zinc_http_requests_total", **chat)
+        == 2
+    )
     assert value(after, "zinc_http_requests_total", method="POST", route="/v1/completions", status="404") == 1
     assert value(after, "zinc_http_requests_total", method="GET", route="/metrics", status="200") >= 1
     assert value(after, "zinc_generated_tokens_total") - value(before, "zinc_generated_tokens_total") == 10
@@ -66,7 +69,9 @@ def test_queue_depth_and_aborts_show_in_metrics(srv: ServerThread) -> None:
     seen_queue = threading.Event()
 
     def long_request() -> None:
-        with srv.http.stream("POST", "/v1/completions", json={"prompt": "x", "max_tokens": 5000, "stream": True}) as r:
+        with srv.http.stream(
+            "POST", "/v1/completions", json={"prompt": "x", "max_tokens": 5000, "stream": True}
+        ) as r:
             for _ in r.iter_bytes():
                 seen_queue.wait(10)
                 break  # hang up mid-stream
@@ -111,14 +116,19 @@ def test_apply_template_and_props(srv: ServerThread) -> None:
     props = srv.get("/props").json()
     assert props["default_generation_settings"]["n_ctx"] == 512
     assert props["total_slots"] == 1 and props["model_alias"] == "fake-model"
-    assert props["modalities"] == {"vision": False, "audio": False} and props["build_info"].startswith("zinc ")
+    assert props["modalities"] == {"vision": False, "audio": False} and props["build_info"].startswith(
+        "zinc "
+    )
 
 
 def test_chat_page_is_served_at_root_and_chat(srv: ServerThread) -> None:
     for path in ("/", "/chat"):
         r = srv.get(path)
         assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
-        assert r.headers["connection"] == "close" and "connect-src 'self'" in r.headers["content-security-policy"]
+        assert (
+            r.headers["connection"] == "close"
+            and "connect-src 'self'" in r.headers["content-security-policy"]
+        )
         assert "<title>zinc chat</title>" in r.text and "/v1/chat/completions" in r.text
 
 

@@ -27,7 +27,9 @@ PROMPT = "The capital of France is"
 def engine(smollm2: Path, open_session: SessionFactory) -> LocalEngine:
     meta = open_gguf(smollm2).metadata
     tokenizer = Tokenizer.from_metadata(meta)
-    return LocalEngine(open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2")
+    return LocalEngine(
+        open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,9 @@ def test_completion_matches_llama_cpp(client: openai.OpenAI, engine: LocalEngine
     assert out.choices[0].text == golden_text(engine, 5) == " Paris.\n\nThe"
     assert out.choices[0].finish_reason == "length"
     assert out.usage is not None and (out.usage.prompt_tokens, out.usage.completion_tokens) == (5, 5)
-    streamed = client.completions.create(model="smollm2", prompt=PROMPT, max_tokens=5, temperature=0, stream=True)
+    streamed = client.completions.create(
+        model="smollm2", prompt=PROMPT, max_tokens=5, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].text for c in streamed if c.choices) == " Paris.\n\nThe"
 
 
@@ -121,4 +125,6 @@ def test_health_reports_model_and_memory(srv: RunningServer, engine: LocalEngine
     assert health["gpu_memory_weights_bytes"] > 90_000_000  # SmolLM2 Q4_1's tensors
     assert health["gpu_context_reserved_bytes"] == engine.session.kv_cache_bytes() > 0
     kv = health["kv_cache"]
-    assert health["gpu_context_capacity_tokens"] == kv["total_pages"] * kv["page_size"] >= engine.context_length
+    assert (
+        health["gpu_context_capacity_tokens"] == kv["total_pages"] * kv["page_size"] >= engine.context_length
+    )

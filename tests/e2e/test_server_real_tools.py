@@ -40,7 +40,9 @@ ASK: Any = [{"role": "user", "content": "What time is it in UTC?"}]
 def engine(smollm2: Path, open_session: SessionFactory) -> LocalEngine:
     meta = open_gguf(smollm2).metadata
     tokenizer = Tokenizer.from_metadata(meta)
-    return LocalEngine(open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2")
+    return LocalEngine(
+        open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +54,9 @@ def client(engine: LocalEngine) -> Iterator[openai.OpenAI]:
 
 def test_forced_tool_call_whole_and_streamed(client: openai.OpenAI) -> None:
     choice: Any = {"type": "function", "function": {"name": "get_time"}}
-    out = client.chat.completions.create(model="smollm2", messages=ASK, tools=[TIME_TOOL], tool_choice=choice,
-                                         max_tokens=40)
+    out = client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=[TIME_TOOL], tool_choice=choice, max_tokens=40
+    )
     message = out.choices[0].message
     assert out.choices[0].finish_reason == "tool_calls"
     assert message.content is None and message.tool_calls is not None and len(message.tool_calls) == 1
@@ -62,8 +65,9 @@ def test_forced_tool_call_whole_and_streamed(client: openai.OpenAI) -> None:
     arguments = json.loads(call.function.arguments)
     jsonschema.validate(arguments, TIME_TOOL["function"]["parameters"])
 
-    stream = client.chat.completions.create(model="smollm2", messages=ASK, tools=[TIME_TOOL], tool_choice="required",
-                                            max_tokens=40, stream=True)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=ASK, tools=[TIME_TOOL], tool_choice="required", max_tokens=40, stream=True
+    )
     chunks = list(stream)
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].id and deltas[0].function is not None and deltas[0].function.name == "get_time"
@@ -74,10 +78,14 @@ def test_forced_tool_call_whole_and_streamed(client: openai.OpenAI) -> None:
 
     # the call and its result go back into the conversation (SmolLM2's template has no tool support:
     # both are rendered as text), and the model answers
-    history: Any = [*ASK, message.model_dump(exclude_none=True),
-                    {"role": "tool", "tool_call_id": call.id, "content": "12:00"}]
-    follow = client.chat.completions.create(model="smollm2", messages=history, tools=[TIME_TOOL], tool_choice="none",
-                                            max_tokens=4)
+    history: Any = [
+        *ASK,
+        message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "12:00"},
+    ]
+    follow = client.chat.completions.create(
+        model="smollm2", messages=history, tools=[TIME_TOOL], tool_choice="none", max_tokens=4
+    )
     assert follow.choices[0].message.content and follow.choices[0].finish_reason in ("stop", "length")
 
 
@@ -91,8 +99,9 @@ def test_json_schema_response_validates(client: openai.OpenAI) -> None:
     fmt: Any = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
     messages: Any = [{"role": "user", "content": "The weather in Paris, as JSON."}]
     for seed in (1, 2):
-        out = client.chat.completions.create(model="smollm2", messages=messages, response_format=fmt,
-                                             max_tokens=40, temperature=0.8, seed=seed)
+        out = client.chat.completions.create(
+            model="smollm2", messages=messages, response_format=fmt, max_tokens=40, temperature=0.8, seed=seed
+        )
         assert out.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(out.choices[0].message.content or ""), schema)
 
@@ -107,11 +116,18 @@ def test_logprobs_agree_between_stream_and_whole(client: openai.OpenAI) -> None:
         assert t.logprob <= 0 and len(t.top_logprobs) == 3
         assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)  # greedy picks the most likely
         assert bytes(t.bytes or []).decode() == t.token
-    streamed = [t for c in client.chat.completions.create(**kwargs, stream=True)
-                if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
-                for t in c.choices[0].logprobs.content]
-    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [(t.token, round(t.logprob, 4)) for t in content]
-    text = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=3, logprobs=2)
+    streamed = [
+        t
+        for c in client.chat.completions.create(**kwargs, stream=True)
+        if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content
+        for t in c.choices[0].logprobs.content
+    ]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [
+        (t.token, round(t.logprob, 4)) for t in content
+    ]
+    text = client.completions.create(
+        model="smollm2", prompt="The capital of France is", max_tokens=3, logprobs=2
+    )
     lp = text.choices[0].logprobs
     assert lp is not None and lp.tokens is not None and "".join(lp.tokens) == text.choices[0].text
     assert lp.top_logprobs is not None and all(len(top) == 2 for top in lp.top_logprobs)

@@ -14,10 +14,18 @@ from tests.e2e.test_server_fake_engine import HI, MODEL, RunningServer
 from tests.fakes import FakeEngine
 
 pytestmark = pytest.mark.e2e
-TOOL: Any = {"type": "function", "function": {"name": "get_time", "description": "Current time.",
-                                              "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}
-CALLS = ('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>\n'
-         '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>')
+TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "Current time.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}},
+    },
+}
+CALLS = (
+    '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +46,9 @@ def test_openai_client_tool_calls_whole(client: openai.OpenAI) -> None:
 
 
 def test_openai_client_reassembles_streamed_tool_calls(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(model=MODEL, messages=HI, tools=[TOOL], max_tokens=200, stream=True)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=HI, tools=[TOOL], max_tokens=200, stream=True
+    )
     calls: dict[int, dict[str, str]] = {}
     finish = None
     n_deltas = 0
@@ -67,8 +77,12 @@ def test_openai_client_reasoning_content() -> None:
     running = RunningServer(FakeEngine(script="<think>Greeting.</think>\nHi!", script_piece=3))
     try:
         client = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0, timeout=10)
-        out = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=50,
-                                             extra_body={"chat_template_kwargs": {"enable_thinking": True}})
+        out = client.chat.completions.create(
+            model=MODEL,
+            messages=HI,
+            max_tokens=50,
+            extra_body={"chat_template_kwargs": {"enable_thinking": True}},
+        )
         message: Any = out.choices[0].message
         assert message.content == "Hi!" and message.reasoning_content == "Greeting."
     finally:

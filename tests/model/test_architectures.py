@@ -35,7 +35,10 @@ def test_registry_names_every_architecture() -> None:
 
 def test_unknown_architecture_lists_the_supported_ones(tiny_models: dict[str, Path]) -> None:
     model = edited(open_gguf(tiny_models["tiny-q8-q41"]), **{"general.architecture": "mamba"})
-    with pytest.raises(UnsupportedModelError, match=r"'mamba' is not supported \(zinc supports: gemma3, llama, qwen2, qwen3\)"):
+    with pytest.raises(
+        UnsupportedModelError,
+        match=r"'mamba' is not supported \(zinc supports: gemma3, llama, qwen2, qwen3\)",
+    ):
         describe(model)
 
 
@@ -44,7 +47,13 @@ def test_gemma3_270m_hparams() -> None:
         hp = describe(open_gguf(resolve_model("gemma3-270m"))).hparams
     except GGUFError as exc:
         pytest.skip(exc.message)
-    assert (hp.block_count, hp.embedding_length, hp.head_count, hp.head_count_kv, hp.key_length) == (18, 640, 4, 1, 256)
+    assert (hp.block_count, hp.embedding_length, hp.head_count, hp.head_count_kv, hp.key_length) == (
+        18,
+        640,
+        4,
+        1,
+        256,
+    )
     assert [il for il in range(18) if not hp.is_swa(il)] == [5, 11, 17]  # every 6th layer is global
     assert hp.window(0) == 512 and hp.window(5) == 0
     assert (hp.rope_base(0), hp.rope_base(5)) == (10000.0, 1e6)

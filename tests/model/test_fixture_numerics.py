@@ -29,7 +29,15 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 @pytest.mark.parametrize("device", device_params("cpu", "cpu-task", "vulkan"))
 @pytest.mark.parametrize(
     "fixture",
-    ["tiny-q8-q41", "tiny-q40-f16", "tiny-f32-q8", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-gemma3-scaled"],
+    [
+        "tiny-q8-q41",
+        "tiny-q40-f16",
+        "tiny-f32-q8",
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-gemma3",
+        "tiny-gemma3-scaled",
+    ],
 )
 def test_compiled_matches_reference(
     fixture: str, device: str, tiny_models: dict[str, Path], open_session: SessionFactory

@@ -47,7 +47,9 @@ def files() -> Iterator[FileServer]:
     server.close()
 
 
-@pytest.mark.parametrize("bad", ["", "..", "../etc", "a/b", "/abs", ".hidden", "a\\b", "x\x00", "a..b", "é", "x" * 97])
+@pytest.mark.parametrize(
+    "bad", ["", "..", "../etc", "a/b", "/abs", ".hidden", "a\\b", "x\x00", "a..b", "é", "x" * 97]
+)
 def test_ids_with_path_tricks_are_rejected(bad: str) -> None:
     with pytest.raises(InvalidRequestError) as info:
         check_model_id(bad)
@@ -81,7 +83,10 @@ def test_catalog_file_adds_and_overrides_entries(tmp_path: Path) -> None:
         (b"[]", 'expected {"models"'),
         (orjson.dumps({"models": [{"id": "../x"}]}), "'display_name' must be"),
         (orjson.dumps({"models": [{**entry("https://h/x").to_json(), "id": "../x"}]}), "Invalid model id"),
-        (orjson.dumps({"models": [{**entry("https://h/x").to_json(), "source": "file:///etc/passwd"}]}), "http(s) URL"),
+        (
+            orjson.dumps({"models": [{**entry("https://h/x").to_json(), "source": "file:///etc/passwd"}]}),
+            "http(s) URL",
+        ),
         (orjson.dumps({"models": [{**entry("https://h/x").to_json(), "sha256": "abc"}]}), "sha256"),
         (orjson.dumps({"models": [{**entry("https://h/x").to_json(), "size_bytes": -1}]}), "size_bytes"),
         (orjson.dumps({"models": [{**entry("https://h/x").to_json(), "colour": "red"}]}), "unknown field"),
@@ -98,7 +103,9 @@ def test_download_reports_progress_and_installs_atomically(tmp_path: Path, files
     store = ModelStore(tmp_path)
     seen: list[tuple[int, int]] = []
     phases: list[str] = []
-    path = download_model(entry(files.url("blob.gguf")), store, lambda d, t: seen.append((d, t)), phases.append)
+    path = download_model(
+        entry(files.url("blob.gguf")), store, lambda d, t: seen.append((d, t)), phases.append
+    )
     assert path == tmp_path / "models" / "blob" / "blob.gguf" and path.read_bytes() == BLOB
     assert phases == ["downloading", "verifying"]
     assert seen[-1] == (len(BLOB), len(BLOB)) and any(0 < d < len(BLOB) for d, _ in seen)
@@ -167,7 +174,11 @@ def test_registry_pulls_in_the_background(tmp_path: Path, files: FileServer) -> 
         registry.remove("blob")
     progress = []
     deadline = time.monotonic() + 20
-    while (info := registry.get("blob")) is not None and info.download.downloading and time.monotonic() < deadline:
+    while (
+        (info := registry.get("blob")) is not None
+        and info.download.downloading
+        and time.monotonic() < deadline
+    ):
         progress.append(info.download.downloaded_bytes)
         time.sleep(0.02)
     assert info is not None and info.installed and info.download.phase == "done"

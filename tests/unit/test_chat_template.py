@@ -33,7 +33,9 @@ def test_smollm2_template_renders_like_plain_jinja2(
     smollm2_template: str, messages: list[dict[str, Any]], add_generation_prompt: bool
 ) -> None:
     ours = ChatTemplate(smollm2_template, bos_token="<|im_start|>", eos_token="<|im_end|>")
-    expected = jinja2.Template(smollm2_template).render(messages=messages, add_generation_prompt=add_generation_prompt)
+    expected = jinja2.Template(smollm2_template).render(
+        messages=messages, add_generation_prompt=add_generation_prompt
+    )
     assert ours.render(messages, add_generation_prompt=add_generation_prompt) == expected
 
 
@@ -119,16 +121,29 @@ def test_trim_and_lstrip_blocks_as_hf() -> None:
 
 def test_content_is_normalized() -> None:
     messages: list[dict[str, Any]] = [
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {}},
-                                     {"type": "text", "text": "b"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {}},
+                {"type": "text", "text": "b"},
+            ],
+        },
         {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
     ]
     normalized = normalize_messages(messages)
-    assert normalized == [{"role": "user", "content": "a\nb"},
-                          {"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]
+    assert normalized == [
+        {"role": "user", "content": "a\nb"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]},
+    ]
     assert messages[1]["content"] is None  # the caller's messages are not modified
-    for bad in ([{"content": "x"}], [{"role": "user", "content": 3}], ["hi"], "hi",
-                [{"role": "user", "content": [{"type": "text"}]}]):
+    for bad in (
+        [{"content": "x"}],
+        [{"role": "user", "content": 3}],
+        ["hi"],
+        "hi",
+        [{"role": "user", "content": [{"type": "text"}]}],
+    ):
         with pytest.raises(InvalidRequestError):
             normalize_messages(bad)  # type: ignore[arg-type]
 
@@ -142,7 +157,10 @@ def test_gemma_fallback_turn_format() -> None:
         "<start_of_turn>user\nWhy?<end_of_turn>\n"
         "<start_of_turn>model\n"
     )
-    assert template.render([USER], add_generation_prompt=False) == "<bos><start_of_turn>user\nHi there<end_of_turn>\n"
+    assert (
+        template.render([USER], add_generation_prompt=False)
+        == "<bos><start_of_turn>user\nHi there<end_of_turn>\n"
+    )
 
 
 def test_chatml_fallback_for_other_architectures() -> None:

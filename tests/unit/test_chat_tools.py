@@ -102,7 +102,9 @@ def test_spec_format_of_the_tool_list() -> None:
     text = tool_system_prompt([TOOL])
     assert text.startswith("# Tools\n\nYou may call one or more functions to assist with the user query.")
     assert f"<tools>\n{json.dumps(TOOL)}\n</tools>" in text
-    assert text.endswith('<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>')
+    assert text.endswith(
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
 
 
 @pytest.mark.parametrize("architecture", ["gemma3", "llama"])

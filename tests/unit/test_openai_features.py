@@ -43,8 +43,12 @@ async def test_tool_call_stream_is_incremental() -> None:
     client = Client(FakeEngine(script=CALL_TEXT, script_piece=2))
     items = chunks(await client.chat(tools=[TOOL], max_tokens=100, stream=True))
     deltas = [tc for c in items for tc in c["choices"][0]["delta"].get("tool_calls", []) if c["choices"]]
-    assert deltas[0] == {"index": 0, "id": deltas[0]["id"], "type": "function",
-                         "function": {"name": "get_time", "arguments": ""}}
+    assert deltas[0] == {
+        "index": 0,
+        "id": deltas[0]["id"],
+        "type": "function",
+        "function": {"name": "get_time", "arguments": ""},
+    }
     assert len(deltas) > 3 and all(set(d) == {"index", "function"} for d in deltas[1:])
     assert "".join(d["function"]["arguments"] for d in deltas) == '{"tz": "UTC"}'
     content = "".join(c["choices"][0]["delta"].get("content", "") for c in items if c["choices"])
@@ -54,7 +58,11 @@ async def test_tool_call_stream_is_incremental() -> None:
 
 @pytest.mark.parametrize(
     ("choice", "kind"),
-    [("required", "tool_call"), ({"type": "function", "function": {"name": "get_time"}}, "tool_call"), ("auto", None)],
+    [
+        ("required", "tool_call"),
+        ({"type": "function", "function": {"name": "get_time"}}, "tool_call"),
+        ("auto", None),
+    ],
 )
 @async_test
 async def test_tool_choice_forcing_uses_a_grammar(choice: Any, kind: str | None) -> None:
@@ -88,7 +96,9 @@ async def test_history_with_tool_calls_and_results_is_accepted() -> None:
     assert response.status == 200
     sent = client.engine.template_calls[-1][0]
     assert sent[1]["tool_calls"][0]["function"]["name"] == "get_time" and sent[2]["tool_call_id"] == "call_1"
-    bad = await client.call("POST", CHAT, {"messages": [{"role": "assistant", "tool_calls": [{"function": 1}]}]})
+    bad = await client.call(
+        "POST", CHAT, {"messages": [{"role": "assistant", "tool_calls": [{"function": 1}]}]}
+    )
     assert bad.status == 400 and bad.json()["error"]["param"] == "messages[0].tool_calls[0]"
 
 
@@ -122,8 +132,12 @@ async def test_chat_logprobs_whole_and_streamed_agree() -> None:
     content = whole["logprobs"]["content"]
     assert len(content) == 6 and "".join(t["token"] for t in content) == whole["message"]["content"]
     assert all(len(t["top_logprobs"]) == 2 and t["bytes"] == list(t["token"].encode()) for t in content)
-    streamed = [t for c in chunks(await client.chat(max_tokens=6, logprobs=True, top_logprobs=2, stream=True))
-                if c["choices"] and c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["content"]]
+    streamed = [
+        t
+        for c in chunks(await client.chat(max_tokens=6, logprobs=True, top_logprobs=2, stream=True))
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for t in c["choices"][0]["logprobs"]["content"]
+    ]
     assert streamed == content
     assert client.engine.requests[-1].logprobs == 2
     plain = (await client.chat(max_tokens=2)).json()["choices"][0]
@@ -133,13 +147,21 @@ async def test_chat_logprobs_whole_and_streamed_agree() -> None:
 @async_test
 async def test_completion_logprobs_shape() -> None:
     client = Client()
-    choice = (await client.call("POST", TEXT, {"prompt": "hi", "max_tokens": 3, "logprobs": 2})).json()["choices"][0]
+    choice = (await client.call("POST", TEXT, {"prompt": "hi", "max_tokens": 3, "logprobs": 2})).json()[
+        "choices"
+    ][0]
     lp = choice["logprobs"]
     assert lp["tokens"] == ["Hello", ",", " world"] and lp["text_offset"] == [0, 5, 6]
     assert lp["token_logprobs"] == [0.0, -0.25, -0.5] and all(len(t) == 2 for t in lp["top_logprobs"])
-    events = chunks(await client.call("POST", TEXT, {"prompt": "hi", "max_tokens": 3, "logprobs": 0, "stream": True}))
-    offsets = [o for e in events if e["choices"] and e["choices"][0]["logprobs"]
-               for o in e["choices"][0]["logprobs"]["text_offset"]]
+    events = chunks(
+        await client.call("POST", TEXT, {"prompt": "hi", "max_tokens": 3, "logprobs": 0, "stream": True})
+    )
+    offsets = [
+        o
+        for e in events
+        if e["choices"] and e["choices"][0]["logprobs"]
+        for o in e["choices"][0]["logprobs"]["text_offset"]
+    ]
     assert offsets == [0, 5, 6]
 
 
@@ -150,7 +172,9 @@ async def test_response_format_becomes_a_grammar(endpoint: str) -> None:
     base = {"messages": HI} if endpoint == CHAT else {"prompt": "hi"}
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
-    assert (await client.call("POST", endpoint, {**base, "max_tokens": 1, "response_format": fmt})).status == 200
+    assert (
+        await client.call("POST", endpoint, {**base, "max_tokens": 1, "response_format": fmt})
+    ).status == 200
     grammar = client.engine.requests[-1].grammar
     assert grammar is not None and grammar.kind == "json_schema"
     await client.call("POST", endpoint, {**base, "max_tokens": 1, "response_format": {"type": "json_object"}})

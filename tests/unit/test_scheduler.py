@@ -19,6 +19,7 @@ from tests.unit._fake_step_model import PAGE, WAIT_S, FakeModel, prompt, solo
 from zinc.engine.batcher import Scheduler
 from zinc.engine.generate import Sampled
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest, TokenEvent
+from zinc.errors import ZincError
 
 
 class Greedy:
@@ -300,5 +301,88 @@ def test_a_failing_prefill_ends_that_request_and_the_others_go_on() -> None:
         assert failed.tokens == []
         assert good.wait().reason == "length" and good.exact()
         assert scheduler.stats().pages.in_use == 0
+    finally:
+        scheduler.close()
+
+
+def test_submit_after_close_is_refused_at_once() -> None:
+    scheduler = make(FakeModel())
+    scheduler.start()
+    scheduler.close()
+    with pytest.raises(ZincError):
+        Run(scheduler, prompt(1, 5))
+
+
+def test_close_before_start_aborts_the_waiting_requests() -> None:
+    scheduler = make(FakeModel())
+    run = Run(scheduler, prompt(1, 5))
+    scheduler.close()
+    assert run.done.wait(1.0) and run.wait().reason == "abort"
+
+
+def test_the_youngest_request_is_the_one_preempted() -> None:
+    model = FakeModel(kv_slots=PAGE * 6)  # five usable pages
+    scheduler = make(model, parallel=2)
+    old = Run(scheduler, prompt(1, 4), max_tokens=56)  # submitted first
+    young = Run(scheduler, prompt(2, 30), max_tokens=30)  # reaches the page wall first
+    scheduler.start()
+    try:
+        assert old.wait().reason == "length" and young.wait().reason == "length"
+        assert old.exact() and young.exact()
+        starts = [c.tokens[:4] for c in model.calls if c.kind == "prefill" and c.positions[0] == 0]
+        assert starts.count(old.prompt) == 1, "the older request was preempted"
+        assert len(starts) == 3  # the younger one was, once
+    finally:
+        scheduler.close()
+
+
+def test_a_session_pins_the_pages_its_next_turn_finds() -> None:
+    model = FakeModel(kv_slots=PAGE * 8)  # seven usable pages
+    scheduler = make(model, parallel=2)
+    p = prompt(3, 40)
+    Run(scheduler, p, max_tokens=2)  # the same prompt at the same time, without a session
+    chat = Run(scheduler, p, max_tokens=2, session="s")
+    scheduler.start()
+    try:
+        chat.wait()
+        Run(scheduler, prompt(4, 60), max_tokens=2).wait()  # needs every unpinned page
+        follow = Run(scheduler, [*p, *chat.tokens, 5], max_tokens=2, session="s")
+        assert follow.wait().cached_tokens == 32 and follow.exact()
+    finally:
+        scheduler.close()
+
+
+class FailsOnThird(Greedy):
+    def pick(self, greedy: int, logits: object) -> Sampled:
+        if self.picked == 2:
+            raise RuntimeError("grammar bug")
+        return super().pick(greedy, logits)  # type: ignore[arg-type]
+
+
+def test_a_failing_picker_ends_only_its_own_sequence() -> None:
+    scheduler = make(FakeModel())
+    innocent = Run(scheduler, prompt(5, 5), max_tokens=10)
+    bad = Run(scheduler, prompt(6, 5), max_tokens=10, picker=FailsOnThird())
+    scheduler.start()
+    try:
+        assert bad.wait().reason == "error" and len(bad.tokens) == 2
+        assert innocent.wait().reason == "length" and innocent.exact() and len(innocent.tokens) == 10
+    finally:
+        scheduler.close()
+
+
+def test_cached_tokens_count_only_the_admission_that_went_through() -> None:
+    model = FakeModel(kv_slots=PAGE * 6)  # five usable pages
+    scheduler = started(model, parallel=2)
+    try:
+        p = prompt(7, 40)
+        Run(scheduler, p, max_tokens=1).wait()  # its first two pages stay cached
+        model.hold_at = len(model.calls) + 1  # the first decode of the next request
+        a = Run(scheduler, prompt(8, 40), max_tokens=24)  # three pages now, four at the end
+        held(model)
+        b = Run(scheduler, [*p, 7], max_tokens=2)  # finds both cached pages, but no third is free
+        model.go.set()
+        assert a.wait().reason == "length" and b.wait().reason == "length" and b.exact()
+        assert b.wait().cached_tokens < 32  # `a` took one of them before `b` could run
     finally:
         scheduler.close()

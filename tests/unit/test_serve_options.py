@@ -25,7 +25,10 @@ def test_kv_slots_default_to_parallel_contexts_plus_a_scratch_page() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--kv-tokens", "100", "-c", "512"], "--kv-tokens must hold at least one context (512 positions), got 100"),
+        (
+            ["--kv-tokens", "100", "-c", "512"],
+            "--kv-tokens must hold at least one context (512 positions), got 100",
+        ),
         (["--parallel", "0"], "--parallel must be at least 1, got 0"),
     ],
 )
@@ -35,7 +38,9 @@ def test_bad_batching_settings_are_one_line_errors(args: list[str], message: str
 
 
 @pytest.mark.e2e
-def test_the_cli_loader_gives_the_engine_its_kv_tokens_in_pages(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+def test_the_cli_loader_gives_the_engine_its_kv_tokens_in_pages(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
     device = DEVICES["cpu"]()
     registry = CatalogRegistry(tmp_path, profile=device.name, context_length=128, supported={"llama"})
     loader = CliLoader(registry, device, 128, {"tiny": tiny_models["tiny-q8-q41"]}, parallel=2, kv_tokens=300)
@@ -43,7 +48,11 @@ def test_the_cli_loader_gives_the_engine_its_kv_tokens_in_pages(tmp_path: Path, 
     try:
         stats = engine.stats()
         assert engine.context_length == 128 and engine.scheduler.parallel == 2
-        assert (stats.kv_page_size, stats.kv_pages_total, stats.kv_pages_free) == (16, 19, 19)  # ceil(300 / 16)
+        assert (stats.kv_page_size, stats.kv_pages_total, stats.kv_pages_free) == (
+            16,
+            19,
+            19,
+        )  # ceil(300 / 16)
         assert stats.context_reserved_bytes == engine.session.kv_cache_bytes()
         assert engine.session.kv_slots == 20 * 16  # the scratch page too
     finally:

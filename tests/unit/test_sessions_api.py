@@ -85,7 +85,10 @@ async def test_delete_session_is_200_then_404() -> None:
     assert (await client.call("GET", "/health")).json()["active_sessions"] == 0
     again = await client.call("DELETE", "/v1/sessions/chat%207")
     assert_error(again, 404, code="not_found")
-    assert again.json()["error"]["type"] == "invalid_request_error" and "chat 7" in again.json()["error"]["message"]
+    assert (
+        again.json()["error"]["type"] == "invalid_request_error"
+        and "chat 7" in again.json()["error"]["message"]
+    )
     assert_error(await client.call("DELETE", "/sessions/never"), 404, code="not_found")
     assert_error(await client.call("DELETE", "/v1/sessions/"), 404, code="not_found")
     wrong = await client.call("GET", "/v1/sessions/chat%207")

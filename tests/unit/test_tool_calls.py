@@ -80,7 +80,9 @@ def test_partial_tag_is_never_shown_as_content() -> None:
 
 def split_reasoning(text: str, step: int, started: bool = False) -> tuple[str, str]:
     splitter = ReasoningSplitter(started=started)
-    pieces = [p for i in range(0, len(text), step) for p in splitter.feed(text[i : i + step])] + splitter.flush()
+    pieces = [
+        p for i in range(0, len(text), step) for p in splitter.feed(text[i : i + step])
+    ] + splitter.flush()
     return "".join(t for k, t in pieces if k == "reasoning"), "".join(t for k, t in pieces if k == "content")
 
 
@@ -89,7 +91,12 @@ def split_reasoning(text: str, step: int, started: bool = False) -> tuple[str, s
     [
         ("<think>\nLet me see.\n</think>\n\nParis.", False, "\nLet me see.\n", "Paris."),
         ("  <think>a<b</think>c", False, "a<b", "c"),
-        ("just an answer <think>not at the start</think>", False, "", "just an answer <think>not at the start</think>"),
+        (
+            "just an answer <think>not at the start</think>",
+            False,
+            "",
+            "just an answer <think>not at the start</think>",
+        ),
         ("thinking already</think>Answer", True, "thinking already", "Answer"),
         ("<think>never closed", False, "never closed", ""),
         ("<thi", False, "", "<thi"),

@@ -36,7 +36,7 @@ from zinc.engine.sequences import (
     StepModel,
     TokenEvent,
 )
-from zinc.errors import ContextLengthExceededError, QueueFullError, ZincError
+from zinc.errors import ContextLengthExceededError, EngineClosedError, QueueFullError, ZincError
 
 T = TypeVar("T")
 log = logging.getLogger("zinc.engine")
@@ -50,6 +50,8 @@ class _Sequence:
     pages: list[int] = field(default_factory=list)
     generated: int = 0
     cached: int = 0
+    admitted: bool = False
+    arrival: int = 0  # submission order: the youngest (largest) is preempted first
     cancelled: bool = False
     finished: bool = False
 
@@ -94,6 +96,7 @@ class Scheduler:
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._closed = False
+        self._arrivals = 0
         self._thread = threading.Thread(target=self._loop, name="zinc-scheduler", daemon=True)
 
     # --- the caller's side (any thread) --------------------------------------------------------
@@ -107,6 +110,11 @@ class Scheduler:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout=30)
+        else:  # never started (or already gone): nobody else will answer the waiting requests
+            with self._cond:
+                for seq in [*self._running, *self._waiting]:
+                    self._finish(seq, "abort")
+                self._waiting.clear()
 
     def wake(self) -> None:
         with self._cond:
@@ -118,6 +126,10 @@ class Scheduler:
             raise ContextLengthExceededError(n, self.model.context_length)
         seq = _Sequence(req, list(req.prompt_ids))
         with self._cond:
+            self._arrivals += 1
+            seq.arrival = self._arrivals
+            if self._closed:
+                raise EngineClosedError("the engine is shutting down; retry later")
             if len(self._running) + len(self._waiting) >= self.parallel + self.max_queue:
                 raise QueueFullError(
                     f"the server is busy: {len(self._running)} requests running and {len(self._waiting)} waiting; retry later"
@@ -189,7 +201,6 @@ class Scheduler:
                 seq.pages = self.pool.lookup(tokens)
                 n = len(seq.pages) * self.pool.page_size
                 seq.fed, seq.pending = tokens[:n], tokens[n:]
-                seq.cached = max(seq.cached, min(n, len(seq.req.prompt_ids)))
                 if seq.req.session_id is not None:
                     self.pool.touch(seq.req.session_id)
             if not self._grow(seq, len(seq.fed) + len(seq.pending), preempt=False):
@@ -200,6 +211,9 @@ class Scheduler:
                 self._waiting.popleft()
                 self._finish(seq, "error", ZincError("the KV cache is too small for this prompt"))
                 continue
+            if not seq.admitted:  # a preempted sequence keeps the figure of its first admission
+                seq.cached = min(len(seq.fed), len(seq.req.prompt_ids))
+                seq.admitted = True
             self._waiting.popleft()
             self._running.append(seq)
 
@@ -212,8 +226,8 @@ class Scheduler:
             if page is None and self.pool.drop_oldest_session():
                 continue
             if page is None and preempt:
-                victim = next((s for s in reversed(self._running) if s is not seq), None)
-                if victim is not None:
+                victim = max(self._running, key=lambda s: s.arrival)
+                if victim is not seq:
                     self._preempt(victim)
                     continue
             if page is None:
@@ -243,7 +257,10 @@ class Scheduler:
             group = [s for s in group if not s.finished and s.decoding]
             for seq in group:
                 if seq in self._running and not self._grow(seq, len(seq.fed) + 1, preempt=True):
-                    self._finish(seq, "length")  # alone and still no page: the slab is full
+                    if len(self._running) > 1:
+                        self._preempt(seq)  # it is the youngest: it waits for the others
+                    else:
+                        self._finish(seq, "length")  # alone and still no page: the slab is full
             group = [s for s in group if s in self._running]
             positions = [len(s.fed) for s in group]
             slots = [self.pool.slots(s.pages, p + 1) for s, p in zip(group, positions, strict=True)]
@@ -253,7 +270,11 @@ class Scheduler:
         for i, seq in enumerate(group):
             with self._cond:
                 seq.fed.append(seq.pending.pop())
-            self._after(seq, seq.req.picker.pick(step.token(i), _row(step, i)))
+            self._guard([seq], self._pick, (seq, step, i))
+
+    def _pick(self, row: tuple[_Sequence, BatchStep, int]) -> None:
+        seq, step, i = row
+        self._after(seq, seq.req.picker.pick(step.token(i), _row(step, i)))
 
     def _after(self, seq: _Sequence, sampled: Sampled) -> None:
         """Deliver a sampled token and decide whether the sequence goes on."""
@@ -276,9 +297,9 @@ class Scheduler:
         if seq in self._running:
             self._running.remove(seq)
         if seq.pages:
-            self.pool.register(seq.pages, seq.fed)
+            cached = self.pool.register(seq.pages, seq.fed)  # the pages a later lookup finds
             if seq.req.session_id is not None and reason in ("stop", "length"):
-                self.pool.pin(seq.req.session_id, seq.pages[: len(seq.fed) // self.pool.page_size])
+                self.pool.pin(seq.req.session_id, cached)
             self.pool.release(seq.pages)
             seq.pages = []
         event = FinishEvent(reason, len(seq.req.prompt_ids), seq.generated, seq.cached, error)

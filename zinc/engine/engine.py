@@ -36,7 +36,7 @@ from zinc.engine.types import (
     TopLogprob,
     Usage,
 )
-from zinc.errors import ContextLengthExceededError, ZincError
+from zinc.errors import ContextLengthExceededError, EngineClosedError, ZincError
 from zinc.runtime.session import ModelSession
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
 
@@ -146,6 +146,8 @@ class LocalEngine:
             if isinstance(event, FinishEvent):
                 if event.reason == "error":
                     raise event.error or ZincError("generation failed")
+                if event.reason == "abort":  # the engine closed under it (a model swap, shutdown)
+                    raise EngineClosedError("the engine shut down before this request finished; retry it")
                 finish: FinishReason = "stop" if event.reason == "stop" else "length"
                 cached = event.cached_tokens
                 break

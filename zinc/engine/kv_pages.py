@@ -13,6 +13,7 @@ Imports: numpy and the stdlib only.
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,8 +42,8 @@ class PagePool:
         self.num_pages = num_pages
         self._free = list(range(num_pages - 1, 0, -1))  # pop() hands out low pages first
         self._refs = [0] * num_pages
-        self._key_of: dict[int, int] = {}  # cached page -> its chain key
-        self._page_of: dict[int, int] = {}  # chain key -> page
+        self._key_of: dict[int, bytes] = {}  # cached page -> its chain key
+        self._page_of: dict[bytes, int] = {}  # chain key -> page
         self._idle: OrderedDict[int, None] = OrderedDict()  # cached pages nobody references, LRU first
         self._sessions: OrderedDict[str, list[int]] = OrderedDict()  # session -> pinned pages, LRU first
 
@@ -80,14 +81,18 @@ class PagePool:
     # --- prefix cache --------------------------------------------------------------------------
 
     @staticmethod
-    def chain_key(parent: int, tokens: Sequence[int]) -> int:
-        return hash((parent, tuple(tokens)))
+    def chain_key(parent: bytes, tokens: Sequence[int]) -> bytes:
+        """A 128-bit digest of a page's tokens and everything before them: equal keys mean equal
+        prefixes (a collision is as likely as one of BLAKE2b's), unlike Python's 64-bit hash."""
+        digest = hashlib.blake2b(parent, digest_size=16)
+        digest.update(np.asarray(tokens, dtype=np.int64).tobytes())
+        return digest.digest()
 
     def lookup(self, tokens: Sequence[int]) -> list[int]:
         """The cached pages holding the longest whole-page prefix of `tokens`, each now referenced
         once more. At least one token is always left uncovered (its logits are needed)."""
         pages: list[int] = []
-        key = 0
+        key = b""
         n = self.page_size
         for start in range(0, len(tokens) - n, n):  # whole pages, never the last token
             key = self.chain_key(key, tokens[start : start + n])
@@ -100,18 +105,23 @@ class PagePool:
             pages.append(page)
         return pages
 
-    def register(self, pages: Sequence[int], tokens: Sequence[int]) -> None:
-        """Record the whole pages of a sequence whose first len(tokens) positions are `tokens`."""
-        key = 0
+    def register(self, pages: Sequence[int], tokens: Sequence[int]) -> list[int]:
+        """Record the whole pages of a sequence whose first len(tokens) positions are `tokens`;
+        returns the page a later lookup finds for each of them (another copy of the same prefix,
+        cached first, is kept), as far as the chain of cached pages goes."""
+        key = b""
         n = self.page_size
+        found: list[int] = []
         for i, page in enumerate(pages[: len(tokens) // n]):
             key = self.chain_key(key, tokens[i * n : (i + 1) * n])
-            if self._key_of.get(page) == key:
-                continue
-            if key in self._page_of or page in self._key_of:
-                continue  # the same prefix is cached elsewhere, or this page already holds another
-            self._key_of[page] = key
-            self._page_of[key] = page
+            if key not in self._page_of and page not in self._key_of:
+                self._key_of[page] = key
+                self._page_of[key] = page
+            cached = self._page_of.get(key)
+            if cached is None:
+                break  # this page already holds another prefix (cannot happen while it is ours)
+            found.append(cached)
+        return found
 
     # --- sessions ------------------------------------------------------------------------------
 

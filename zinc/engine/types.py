@@ -115,8 +115,10 @@ class EngineStats:
     @property
     def context_active_bytes(self) -> int:
         """Bytes of the KV cache holding live positions (`context_tokens` of `kv_capacity_tokens`)."""
-        return self.context_reserved_bytes * min(self.context_tokens, self.kv_capacity_tokens) // max(
-            1, self.kv_capacity_tokens
+        return (
+            self.context_reserved_bytes
+            * min(self.context_tokens, self.kv_capacity_tokens)
+            // max(1, self.kv_capacity_tokens)
         )
 
 

@@ -34,15 +34,21 @@ def hparams(model: GGUFModel) -> HParams:
     n_head = meta_int(model, f"{a}.attention.head_count")
     n_layer = meta_int(model, f"{a}.block_count")
     head_dim = meta_int(model, f"{a}.attention.key_length", n_embd // n_head)
-    scalar = meta_float(model, f"{a}.attention.query_pre_attn_scalar", n_embd / n_head if n_layer == 62 else head_dim)
+    scalar = meta_float(
+        model, f"{a}.attention.query_pre_attn_scalar", n_embd / n_head if n_layer == 62 else head_dim
+    )
     window = meta_int(model, f"{a}.attention.sliding_window", 0)
     if isinstance(model.metadata.get(f"{a}.attention.sliding_window_pattern"), list):
-        raise UnsupportedModelError(f"{a}.attention.sliding_window_pattern per layer is not supported (only a period)")
+        raise UnsupportedModelError(
+            f"{a}.attention.sliding_window_pattern per layer is not supported (only a period)"
+        )
     return base_hparams(
         model,
         a,
         rope_type="neox",
-        rope_freq_base_swa=meta_float(model, f"{a}.rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA) if window else 0.0,
+        rope_freq_base_swa=meta_float(model, f"{a}.rope.freq_base_swa", DEFAULT_ROPE_BASE_SWA)
+        if window
+        else 0.0,
         sliding_window=window,
         sliding_window_pattern=meta_int(model, f"{a}.attention.sliding_window_pattern", DEFAULT_SWA_PATTERN)
         if window

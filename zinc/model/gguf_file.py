@@ -79,7 +79,12 @@ def _open_gguf(p: Path, size: int, _mtime_ns: int) -> GGUFModel:
     end = 0
     for t in header.tensors:
         info = TensorInfo(
-            name=t.name, ggml_type=t.ggml_type, type_name=t.type_name, ne=t.ne, n_bytes=t.n_bytes, offset=t.offset
+            name=t.name,
+            ggml_type=t.ggml_type,
+            type_name=t.type_name,
+            ne=t.ne,
+            n_bytes=t.n_bytes,
+            offset=t.offset,
         )
         tensors[t.name] = info
         end = max(end, info.offset + info.n_bytes)

@@ -139,7 +139,9 @@ def base_hparams(model: GGUFModel, arch: str, **recipe: Any) -> HParams:
     n_head = meta_int(model, f"{a}.attention.head_count")
     head_dim = meta_int(model, f"{a}.attention.key_length", n_embd // n_head)
     if meta_int(model, f"{a}.attention.value_length", head_dim) != head_dim:
-        raise UnsupportedModelError(f"{a}.attention.value_length differs from key_length, which zinc does not support")
+        raise UnsupportedModelError(
+            f"{a}.attention.value_length differs from key_length, which zinc does not support"
+        )
     tokens = model.metadata.get("tokenizer.ggml.tokens")
     n_vocab = meta_int(model, f"{a}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
     fields: dict[str, Any] = {
@@ -161,7 +163,9 @@ def base_hparams(model: GGUFModel, arch: str, **recipe: Any) -> HParams:
     }
     hp = HParams(**fields)
     if hp.head_count_kv <= 0 or hp.head_count % hp.head_count_kv:
-        raise UnsupportedModelError(f"{a}: {hp.head_count} query heads do not group over {hp.head_count_kv} KV heads")
+        raise UnsupportedModelError(
+            f"{a}: {hp.head_count} query heads do not group over {hp.head_count_kv} KV heads"
+        )
     if hp.rope_type == "neox" and hp.rope_dimension_count != hp.key_length:
         raise UnsupportedModelError(
             f"{a}: NEOX RoPE over {hp.rope_dimension_count} of {hp.key_length} head dims is not supported"
@@ -176,7 +180,9 @@ def rope_scaling(model: GGUFModel, arch: str) -> float:
     if kind == "none" or factor in (0.0, 1.0):
         return 1.0
     if kind != "linear":
-        raise UnsupportedModelError(f"{arch}.rope.scaling.type {kind!r} is not supported (zinc supports linear)")
+        raise UnsupportedModelError(
+            f"{arch}.rope.scaling.type {kind!r} is not supported (zinc supports linear)"
+        )
     return 1.0 / factor
 
 
@@ -197,6 +203,8 @@ def describe(model: GGUFModel) -> ModelDescription:
         if info.ne != t.ne:
             raise GGUFError(f"{model.path}: tensor {t.name} has shape {list(info.ne)}, expected {list(t.ne)}")
         if len(t.ne) == 1 and info.type_name != "F32":  # norms and biases are bound as f32 vectors
-            raise UnsupportedModelError(f"tensor {t.name} is {info.type_name}; zinc reads vectors as F32 only")
+            raise UnsupportedModelError(
+                f"tensor {t.name} is {info.type_name}; zinc reads vectors as F32 only"
+            )
         types[t.name] = info.type_name
     return ModelDescription(hparams=hp, tensor_types=types)

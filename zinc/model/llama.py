@@ -25,7 +25,10 @@ def hparams(model: GGUFModel) -> HParams:
 
 def output_tensors(hp: HParams) -> list[ExpectedTensor]:
     d = hp.embedding_length
-    out = [ExpectedTensor("token_embd.weight", (d, hp.vocab_size)), ExpectedTensor("output_norm.weight", (d,))]
+    out = [
+        ExpectedTensor("token_embd.weight", (d, hp.vocab_size)),
+        ExpectedTensor("output_norm.weight", (d,)),
+    ]
     if not hp.tied_output:
         out.append(ExpectedTensor("output.weight", (d, hp.vocab_size)))
     return out
@@ -54,9 +57,15 @@ def layer_tensors(hp: HParams, il: int) -> list[ExpectedTensor]:
             ExpectedTensor(p + "attn_v.bias", (nkv,)),
         ]
     if hp.attn_qk_norm:
-        out += [ExpectedTensor(p + "attn_q_norm.weight", (hd,)), ExpectedTensor(p + "attn_k_norm.weight", (hd,))]
+        out += [
+            ExpectedTensor(p + "attn_q_norm.weight", (hd,)),
+            ExpectedTensor(p + "attn_k_norm.weight", (hd,)),
+        ]
     if hp.post_norms:
-        out += [ExpectedTensor(p + "post_attention_norm.weight", (d,)), ExpectedTensor(p + "post_ffw_norm.weight", (d,))]
+        out += [
+            ExpectedTensor(p + "post_attention_norm.weight", (d,)),
+            ExpectedTensor(p + "post_ffw_norm.weight", (d,)),
+        ]
     return out
 
 

@@ -48,7 +48,9 @@ class ReferenceModel:
         self.v = self.v[:, :0]
 
     def _rms(self, x: F64, w: F64) -> F64:
-        return np.asarray(x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.hp.layer_norm_rms_epsilon) * w)
+        return np.asarray(
+            x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.hp.layer_norm_rms_epsilon) * w
+        )
 
     def _rope(self, x: F64, pos: F64, il: int) -> F64:  # x [T, H, hd]
         hp = self.hp

@@ -121,7 +121,9 @@ class OpenAIApi:
         shape = TextShape(await self._select(params.common.model))
         prompt = params.prompt
         ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        await self._generate(exchange, shape, params.common, ids, "prompt", OutputParser(), params.common.grammar)
+        await self._generate(
+            exchange, shape, params.common, ids, "prompt", OutputParser(), params.common.grammar
+        )
 
     async def models(self, request: HttpRequest, exchange: Exchange) -> None:
         context = self._engine.context_length
@@ -155,7 +157,9 @@ class OpenAIApi:
                 "used_pages": stats.kv_pages_in_use,
                 "cached_pages": stats.kv_pages_cached,
                 "free_pages": stats.kv_pages_free,
-                "utilization": round(stats.kv_pages_in_use / stats.kv_pages_total, 4) if stats.kv_pages_total else 0.0,
+                "utilization": round(stats.kv_pages_in_use / stats.kv_pages_total, 4)
+                if stats.kv_pages_total
+                else 0.0,
             },
         }
         await exchange.respond_json(200, orjson.dumps(body))
@@ -240,7 +244,9 @@ class OpenAIApi:
         if parser.calls:
             finish = "tool_calls"
         exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
-        body = shape.whole(output, finish, usage, calls=parser.calls, with_logprobs=request.logprobs is not None)
+        body = shape.whole(
+            output, finish, usage, calls=parser.calls, with_logprobs=request.logprobs is not None
+        )
         await exchange.respond_json(200, orjson.dumps(body))
 
     async def _stream(

@@ -116,7 +116,9 @@ def serve(engine: Engine | EngineManager, config: ServerConfig, initial_model: s
     uvloop.run(_serve_until_signalled(engine, config, initial_model))
 
 
-async def _serve_until_signalled(engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None) -> None:
+async def _serve_until_signalled(
+    engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGINT, signal.SIGTERM)

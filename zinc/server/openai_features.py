@@ -105,19 +105,25 @@ def _parse_choice(choice: Any, names: list[str]) -> str:
         return "auto"
     if isinstance(choice, str):
         if choice not in ("none", "auto", "required"):
-            raise InvalidRequestError("'tool_choice' must be 'none', 'auto', 'required' or a function.",
-                                      param="tool_choice")
+            raise InvalidRequestError(
+                "'tool_choice' must be 'none', 'auto', 'required' or a function.", param="tool_choice"
+            )
         if choice == "required" and not names:
-            raise InvalidRequestError("'tool_choice' is 'required' but no 'tools' were given.", param="tool_choice")
+            raise InvalidRequestError(
+                "'tool_choice' is 'required' but no 'tools' were given.", param="tool_choice"
+            )
         return choice
     function = choice.get("function") if isinstance(choice, dict) else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str) or choice.get("type", "function") != "function":
         raise InvalidRequestError(
-            "'tool_choice' must be a string or {'type': 'function', 'function': {'name': ...}}.", param="tool_choice"
+            "'tool_choice' must be a string or {'type': 'function', 'function': {'name': ...}}.",
+            param="tool_choice",
         )
     if name not in names:
-        raise InvalidRequestError(f"'tool_choice' names {name!r}, which is not in 'tools'.", param="tool_choice")
+        raise InvalidRequestError(
+            f"'tool_choice' names {name!r}, which is not in 'tools'.", param="tool_choice"
+        )
     return name
 
 
@@ -127,8 +133,9 @@ def check_tool_history(index: int, message: Json) -> None:
     calls = message.get("tool_calls")
     if calls is not None:
         if message.get("role") != "assistant" or not isinstance(calls, list):
-            raise InvalidRequestError(f"'{where}.tool_calls' must be an array on an assistant message.",
-                                      param=f"{where}.tool_calls")
+            raise InvalidRequestError(
+                f"'{where}.tool_calls' must be an array on an assistant message.", param=f"{where}.tool_calls"
+            )
         for j, call in enumerate(calls):
             function = call.get("function") if isinstance(call, dict) else None
             name = function.get("name") if isinstance(function, dict) else None
@@ -142,7 +149,9 @@ def check_tool_history(index: int, message: Json) -> None:
     if message.get("role") == "tool":
         call_id = message.get("tool_call_id")
         if call_id is not None and not isinstance(call_id, str):
-            raise InvalidRequestError(f"'{where}.tool_call_id' must be a string.", param=f"{where}.tool_call_id")
+            raise InvalidRequestError(
+                f"'{where}.tool_call_id' must be a string.", param=f"{where}.tool_call_id"
+            )
 
 
 def parse_response_format(payload: Json) -> Grammar | None:
@@ -159,12 +168,15 @@ def parse_response_format(payload: Json) -> Grammar | None:
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
-            raise InvalidRequestError("'response_format.json_schema' must be an object with a 'schema'.",
-                                      param="response_format.json_schema")
+            raise InvalidRequestError(
+                "'response_format.json_schema' must be an object with a 'schema'.",
+                param="response_format.json_schema",
+            )
         schema = spec.get("schema", {"type": "object"})
         return json_schema_grammar(schema, "response_format.json_schema.schema")
-    raise InvalidRequestError("'response_format.type' must be 'text', 'json_object' or 'json_schema'.",
-                              param="response_format.type")
+    raise InvalidRequestError(
+        "'response_format.type' must be 'text', 'json_object' or 'json_schema'.", param="response_format.type"
+    )
 
 
 def parse_chat_logprobs(payload: Json) -> int | None:

@@ -90,12 +90,15 @@ def parse_chat(payload: Json) -> ChatParams:
     tools = parse_tools(payload)
     common = replace(common, logprobs=parse_chat_logprobs(payload))
     if tools.grammar() is not None and common.grammar is not None:
-        raise InvalidRequestError("'response_format' cannot be combined with a forced 'tool_choice'.",
-                                  param="response_format")
+        raise InvalidRequestError(
+            "'response_format' cannot be combined with a forced 'tool_choice'.", param="response_format"
+        )
     kwargs: Json = dict(_typed(payload, "chat_template_kwargs", dict, {}))
     if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-        raise InvalidRequestError("'chat_template_kwargs.enable_thinking' must be a boolean.",
-                                  param="chat_template_kwargs.enable_thinking")
+        raise InvalidRequestError(
+            "'chat_template_kwargs.enable_thinking' must be a boolean.",
+            param="chat_template_kwargs.enable_thinking",
+        )
     if RESERVED_TEMPLATE_KWARGS & kwargs.keys():
         reserved = ", ".join(sorted(RESERVED_TEMPLATE_KWARGS))
         raise InvalidRequestError(
@@ -138,8 +141,14 @@ def _parse_common(payload: Json) -> CommonParams:
         raise InvalidRequestError("'include_usage' must be a boolean.", param="stream_options.include_usage")
     session_id = _typed(payload, "session_id", str, None) or None  # "": stateless, as in the ZINC spec
     return CommonParams(
-        model, max_tokens, _parse_sampling(payload), _parse_stop(payload), stream, include_usage,
-        grammar=parse_response_format(payload), session_id=session_id,
+        model,
+        max_tokens,
+        _parse_sampling(payload),
+        _parse_stop(payload),
+        stream,
+        include_usage,
+        grammar=parse_response_format(payload),
+        session_id=session_id,
     )
 
 

@@ -103,8 +103,15 @@ class _Shape:
     def _head(self, obj: str) -> Json:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def whole(self, output: Output | str, finish_reason: str, usage: Usage, *,
-              calls: Sequence[ToolCall] = (), with_logprobs: bool = False) -> Json:
+    def whole(
+        self,
+        output: Output | str,
+        finish_reason: str,
+        usage: Usage,
+        *,
+        calls: Sequence[ToolCall] = (),
+        with_logprobs: bool = False,
+    ) -> Json:
         """The non-streaming response."""
         if isinstance(output, str):
             output = Output(output)
@@ -130,7 +137,9 @@ class _Shape:
     def final_chunk(self, finish_reason: str) -> Json:
         return {**self._head(self.chunk_object), "choices": [self._delta(None, finish_reason, False)]}
 
-    def _choice(self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool) -> Json:
+    def _choice(
+        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool
+    ) -> Json:
         raise NotImplementedError
 
     def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
@@ -146,7 +155,9 @@ class ChatShape(_Shape):
         role = {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         return {**self._head(self.chunk_object), "choices": [role]}
 
-    def _choice(self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool) -> Json:
+    def _choice(
+        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool
+    ) -> Json:
         message: Json = {"role": "assistant", "content": output.content}
         if output.reasoning:
             message["reasoning_content"] = output.reasoning
@@ -193,7 +204,9 @@ class TextShape(_Shape):
             "text_offset": offsets,
         }
 
-    def _choice(self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool) -> Json:
+    def _choice(
+        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool
+    ) -> Json:
         logprobs = self._logprobs(output.logprobs) if with_logprobs else None
         return {"index": 0, "text": output.content, "logprobs": logprobs, "finish_reason": finish_reason}
 

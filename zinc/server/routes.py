@@ -81,7 +81,9 @@ class Router:
 
     async def _dispatch(self, request: HttpRequest, exchange: Exchange) -> None:
         methods = self._routes.get(request.path)
-        if methods is None and request.path.count("/") >= 2:  # a resource under a collection: "/v1/sessions/*"
+        if (
+            methods is None and request.path.count("/") >= 2
+        ):  # a resource under a collection: "/v1/sessions/*"
             methods = self._routes.get(request.path.rsplit("/", 1)[0] + "/*")
         if methods is None:
             raise NotFoundError(f"Invalid URL ({request.method} {request.path}).")

@@ -55,8 +55,9 @@ def build_backend(vocab: Vocab) -> Tokenizer:
     spec = pre_tokenizer_spec(vocab.pre)
     ids = dict(vocab.ids)
     ids[_PLACEHOLDER] = unknown_id(vocab)
-    model = models.BPE(vocab=ids, merges=_gpt2_merges(vocab), unk_token=_PLACEHOLDER,
-                       ignore_merges=spec.ignore_merges)
+    model = models.BPE(
+        vocab=ids, merges=_gpt2_merges(vocab), unk_token=_PLACEHOLDER, ignore_merges=spec.ignore_merges
+    )
     tok = Tokenizer(model)
     steps: list[pre_tokenizers.PreTokenizer] = [
         pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in spec.regexes

@@ -74,9 +74,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -85,7 +92,9 @@ def _strftime_now(fmt: str) -> str:
 
 def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, undefined=_SafeUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=_SafeUndefined,
         extensions=["jinja2.ext.loopcontrols", _GenerationBlock],
     )
     env.filters["tojson"] = _tojson
@@ -108,16 +117,20 @@ def _content_text(content: Any, index: int) -> str:
         texts = []
         for part in content:
             if not isinstance(part, Mapping):
-                raise InvalidRequestError(f"messages[{index}].content parts must be objects", param="messages")
+                raise InvalidRequestError(
+                    f"messages[{index}].content parts must be objects", param="messages"
+                )
             if part.get("type") == "text":
                 text = part.get("text")
                 if not isinstance(text, str):
-                    raise InvalidRequestError(f"messages[{index}].content text part has no string 'text'",
-                                              param="messages")
+                    raise InvalidRequestError(
+                        f"messages[{index}].content text part has no string 'text'", param="messages"
+                    )
                 texts.append(text)
         return "\n".join(texts)
-    raise InvalidRequestError(f"messages[{index}].content must be a string, null or a list of parts",
-                              param="messages")
+    raise InvalidRequestError(
+        f"messages[{index}].content must be a string, null or a list of parts", param="messages"
+    )
 
 
 def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -159,8 +172,9 @@ def _render_chatml(messages: list[dict[str, Any]], add_generation_prompt: bool) 
 class ChatTemplate:
     """One model's chat format: its GGUF template, or a documented fallback (`kind`)."""
 
-    def __init__(self, source: str | None, *, bos_token: str = "", eos_token: str = "",
-                 architecture: str = "") -> None:
+    def __init__(
+        self, source: str | None, *, bos_token: str = "", eos_token: str = "", architecture: str = ""
+    ) -> None:
         self.source = source or None
         self.bos_token = bos_token
         self.eos_token = eos_token
@@ -179,14 +193,19 @@ class ChatTemplate:
                 self._abilities = TemplateAbilities()
             else:
                 self._abilities = TemplateAbilities.probe(
-                    lambda messages, tools: self._render_gguf(messages, True, tools, None, {}))
+                    lambda messages, tools: self._render_gguf(messages, True, tools, None, {})
+                )
         return self._abilities
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any], tokenizer: Tokenizer) -> ChatTemplate:
         source = meta.get("tokenizer.chat_template")
-        return cls(source if isinstance(source, str) else None, bos_token=tokenizer.bos_text,
-                   eos_token=tokenizer.eos_text, architecture=str(meta.get("general.architecture", "")))
+        return cls(
+            source if isinstance(source, str) else None,
+            bos_token=tokenizer.bos_text,
+            eos_token=tokenizer.eos_text,
+            architecture=str(meta.get("general.architecture", "")),
+        )
 
     def _template(self) -> jinja2.Template:
         if self._compiled is None:
@@ -194,12 +213,20 @@ class ChatTemplate:
             try:
                 self._compiled = _environment().from_string(self.source)
             except jinja2.TemplateError as exc:
-                raise InvalidRequestError(f"the model's chat template does not compile: {_one_line(exc)}") from exc
+                raise InvalidRequestError(
+                    f"the model's chat template does not compile: {_one_line(exc)}"
+                ) from exc
         return self._compiled
 
-    def render(self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True,
-               tools: Sequence[Mapping[str, Any]] | None = None, enable_thinking: bool | None = None,
-               **extra: Any) -> str:
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        enable_thinking: bool | None = None,
+        **extra: Any,
+    ) -> str:
         """The prompt text for `messages`; any template failure is `InvalidRequestError`."""
         msgs = normalize_messages(messages)
         if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in msgs):
@@ -210,13 +237,22 @@ class ChatTemplate:
             return _render_chatml(msgs, add_generation_prompt)
         return self._render_gguf(msgs, add_generation_prompt, tools, enable_thinking, extra)
 
-    def _render_gguf(self, msgs: list[dict[str, Any]], add_generation_prompt: bool,
-                     tools: Sequence[Mapping[str, Any]] | None, enable_thinking: bool | None,
-                     extra: Mapping[str, Any]) -> str:
+    def _render_gguf(
+        self,
+        msgs: list[dict[str, Any]],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None,
+        enable_thinking: bool | None,
+        extra: Mapping[str, Any],
+    ) -> str:
         context: dict[str, Any] = dict(extra)
-        context.update(messages=msgs, add_generation_prompt=add_generation_prompt,
-                       tools=list(tools) if tools is not None else None,
-                       bos_token=self.bos_token, eos_token=self.eos_token)
+        context.update(
+            messages=msgs,
+            add_generation_prompt=add_generation_prompt,
+            tools=list(tools) if tools is not None else None,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+        )
         if enable_thinking is not None:
             context["enable_thinking"] = enable_thinking
         template = self._template()
@@ -234,13 +270,19 @@ class ChatTemplate:
             raise InvalidRequestError(f"chat template error: {_one_line(exc)}", param="messages") from exc
         return "".join(chunks)
 
-    def encode(self, tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], *,
-               add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+    def encode(
+        self,
+        tokenizer: Tokenizer,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        **kwargs: Any,
+    ) -> list[int]:
         """Render and tokenize (special tokens parsed; no doubled BOS/EOS), as llama.cpp's server does."""
         text = self.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
         bos, eos = tokenizer.bos_text, tokenizer.eos_text
         if tokenizer.add_bos and bos and text.startswith(bos):
-            text = text[len(bos):]
+            text = text[len(bos) :]
         if tokenizer.add_eos and eos and text.endswith(eos):
             text = text[: -len(eos)]
         return tokenizer.encode(text, add_special=True, parse_special=True)

@@ -152,5 +152,7 @@ class Tokenizer:
 
     def _check(self, token_id: int) -> int:
         if not 0 <= token_id < len(self._vocab.tokens):
-            raise InvalidRequestError(f"token id {token_id} is out of range for a vocabulary of {self.vocab_size}")
+            raise InvalidRequestError(
+                f"token id {token_id} is out of range for a vocabulary of {self.vocab_size}"
+            )
         return token_id

@@ -43,7 +43,9 @@ class TemplateAbilities:
     tool_results: bool = False
 
     @classmethod
-    def probe(cls, render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]) -> TemplateAbilities:
+    def probe(
+        cls, render: Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+    ) -> TemplateAbilities:
         """Render small conversations and look for the probe names in the output."""
 
         def shows(marker: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> bool:
@@ -53,8 +55,14 @@ class TemplateAbilities:
                 return False
 
         user = {"role": "user", "content": "Hi"}
-        probe_tool = {"type": "function", "function": {"name": _PROBE_NAME, "description": "probe",
-                                                       "parameters": {"type": "object", "properties": {}}}}
+        probe_tool = {
+            "type": "function",
+            "function": {
+                "name": _PROBE_NAME,
+                "description": "probe",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
         call = {"id": "call_probe", "type": "function", "function": {"name": _PROBE_CALL, "arguments": {}}}
         called = {"role": "assistant", "content": "", "tool_calls": [call]}
         result = {"role": "tool", "tool_call_id": "call_probe", "name": _PROBE_CALL, "content": _PROBE_RESULT}

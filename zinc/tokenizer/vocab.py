@@ -22,36 +22,104 @@ UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 0, 1, 2, 3, 4,
 SPM_SPACE = "\u2581"  # SentencePiece's visible space, "▁"
 
 # Token texts llama.cpp treats as end of generation (llama-vocab.cpp, `special_eog_ids`).
-EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
-})
+EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<|flush|>",
+        "<|calls|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "</s>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "[EOT]",
+        "[EOS]",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+        "<eos>",
+        "<turn|>",
+        "<|tool_response>",
+        "<\uff5cend\u2581of\u2581sentence\uff5c>",
+        "[e~[",
+    }
+)
 # Texts llama.cpp uses to find tokens the metadata did not name (first match wins).
-_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-              "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>")
+_EOT_TEXTS = (
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",
+    "<end_of_utterance>",
+)
 _FIND_BY_TEXT: dict[str, tuple[str, ...]] = {
     "eot": _EOT_TEXTS,
     "eom": ("<|eom_id|>",),
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
-                "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
-                "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
-                "\u2581<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pre": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<\uff5cfim\u2581begin\uff5c>",
+        "<PRE>",
+        "\u2581<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+    ),
+    "fim_suf": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<\uff5cfim\u2581hole\uff5c>",
+        "<SUF>",
+        "\u2581<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+    ),
+    "fim_mid": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<\uff5cfim\u2581end\uff5c>",
+        "<MID>",
+        "\u2581<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+    ),
     "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
 }
 _ID_KEYS = {
-    "bos": "bos_token_id", "eos": "eos_token_id", "eot": "eot_token_id", "eom": "eom_token_id",
-    "unk": "unknown_token_id", "sep": "seperator_token_id", "pad": "padding_token_id",
-    "mask": "mask_token_id", "fim_pre": "fim_pre_token_id", "fim_suf": "fim_suf_token_id",
-    "fim_mid": "fim_mid_token_id", "fim_pad": "fim_pad_token_id", "fim_rep": "fim_rep_token_id",
+    "bos": "bos_token_id",
+    "eos": "eos_token_id",
+    "eot": "eot_token_id",
+    "eom": "eom_token_id",
+    "unk": "unknown_token_id",
+    "sep": "seperator_token_id",
+    "pad": "padding_token_id",
+    "mask": "mask_token_id",
+    "fim_pre": "fim_pre_token_id",
+    "fim_suf": "fim_suf_token_id",
+    "fim_mid": "fim_mid_token_id",
+    "fim_pad": "fim_pad_token_id",
+    "fim_rep": "fim_rep_token_id",
     "fim_sep": "fim_sep_token_id",
 }
-_DEPRECATED_FIM_KEYS = {"fim_pre": "prefix_token_id", "fim_suf": "suffix_token_id", "fim_mid": "middle_token_id"}
+_DEPRECATED_FIM_KEYS = {
+    "fim_pre": "prefix_token_id",
+    "fim_suf": "suffix_token_id",
+    "fim_mid": "middle_token_id",
+}
 # llama.cpp's defaults per tokenizer model: (bos, eos, unk, add_bos, add_space_prefix)
 _MODEL_DEFAULTS: dict[str, tuple[int | None, int | None, int | None, bool, bool]] = {
     "llama": (1, 2, 0, True, True),
@@ -61,7 +129,11 @@ _MODEL_DEFAULTS: dict[str, tuple[int | None, int | None, int | None, bool, bool]
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map (byte-level BPE token texts use it)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     table = {b: chr(b) for b in printable}
     extra = 0
     for b in range(256):
@@ -131,7 +203,9 @@ def _int_list(meta: Mapping[str, Any], key: str, n: int, default: int) -> list[i
     if values is None:
         return [default] * n
     if not isinstance(values, Sequence) or len(values) < n:
-        raise GGUFError(f"GGUF key {key} has {len(values) if isinstance(values, Sequence) else 0} entries, expected {n}")
+        raise GGUFError(
+            f"GGUF key {key} has {len(values) if isinstance(values, Sequence) else 0} entries, expected {n}"
+        )
     return [int(v) for v in values[:n]]
 
 
@@ -151,7 +225,9 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     for i, text in enumerate(tokens):
         if ids.setdefault(text, i) != i:
             raise GGUFError(f"duplicate token in vocabulary: {text!r} has ids {ids[text]} and {i}")
-    kinds = [k if 0 < k <= BYTE else UNDEFINED for k in _int_list(meta, "tokenizer.ggml.token_type", n, NORMAL)]
+    kinds = [
+        k if 0 < k <= BYTE else UNDEFINED for k in _int_list(meta, "tokenizer.ggml.token_type", n, NORMAL)
+    ]
     raw_scores = meta.get("tokenizer.ggml.scores")
     scores = [float(s) for s in raw_scores[:n]] if isinstance(raw_scores, list) else [0.0] * n
     merges: list[tuple[str, str]] = []
@@ -165,7 +241,9 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
                 merges.append((m[:pos], m[pos + 1 :]))
 
     bos, eos, unk, add_bos, add_space_prefix = _MODEL_DEFAULTS[model]
-    special: dict[str, int] = {k: v for k, v in (("bos", bos), ("eos", eos), ("unk", unk)) if v is not None and v < n}
+    special: dict[str, int] = {
+        k: v for k, v in (("bos", bos), ("eos", eos), ("unk", unk)) if v is not None and v < n
+    }
     for name, key in _ID_KEYS.items():
         for full in (f"tokenizer.ggml.{key}", f"tokenizer.ggml.{_DEPRECATED_FIM_KEYS.get(name, key)}"):
             value = meta.get(full)
@@ -201,7 +279,9 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
         ("<|return|>" in texts_in_eog and "<|call|>" in texts_in_eog)
         or ("<|calls|>" in texts_in_eog and "<|flush|>" in texts_in_eog)
     ):
-        eog.discard(texts_in_eog["<|end|>"])  # o200k_harmony / solar-open: <|end|> ends a message, not generation
+        eog.discard(
+            texts_in_eog["<|end|>"]
+        )  # o200k_harmony / solar-open: <|end|> ends a message, not generation
         kinds[texts_in_eog["<|end|>"]] = USER_DEFINED
     if "<|tool_response>" in texts_in_eog and "</s>" in texts_in_eog:
         eog.discard(texts_in_eog["</s>"])  # gemma4
@@ -209,7 +289,17 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
 
     pieces = [_decode_piece(model, text, kind) for text, kind in zip(tokens, kinds, strict=True)]
     return Vocab(
-        model=model, pre=pre, tokens=tokens, kinds=kinds, scores=scores, merges=merges, ids=ids,
-        special=special, add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
-        eog_ids=frozenset(eog), pieces=pieces,
+        model=model,
+        pre=pre,
+        tokens=tokens,
+        kinds=kinds,
+        scores=scores,
+        merges=merges,
+        ids=ids,
+        special=special,
+        add_bos=add_bos,
+        add_eos=add_eos,
+        add_space_prefix=add_space_prefix,
+        eog_ids=frozenset(eog),
+        pieces=pieces,
     )
