@@ -32,6 +32,7 @@ DEFAULT_CONTEXT = 2048
 # computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model covers it).
 PREFILL_CHUNK = {"cpu": 256, "vulkan": 8}
 SCRATCH_SLOTS = 64
+CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 
 
 @dataclass
@@ -150,7 +151,8 @@ class ModelSession:
         for off in range(0, arr.size, size):
             chunk = arr[off : off + size]
             at = start + off
-            ctx = where[:at] if at else np.zeros(1, np.int32)  # never empty (Vulkan); padding is masked
+            ctx = np.zeros(-(-max(1, at) // CTX_ALIGN) * CTX_ALIGN, np.int32)  # never empty (Vulkan)
+            ctx[:at] = where[:at]  # the rest points at scratch slot 0, masked (s >= start)
             rows, logits, token = self._prefill(
                 self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx)
             )
@@ -170,7 +172,7 @@ class ModelSession:
         bucket = next(b for b in self.batch_sizes if b >= n)
         ids = np.zeros(bucket, np.int32)
         pos = np.zeros(bucket, np.int32)
-        width = max(1, max(positions))  # cached positions of the longest sequence
+        width = -(-max(1, max(positions)) // CTX_ALIGN) * CTX_ALIGN  # the longest cached part, rounded up
         ctx = np.zeros((bucket, width), np.int32)  # padding points at scratch slot 0
         write = np.zeros(bucket, np.int32)
         for i, (token, p, own) in enumerate(zip(tokens, positions, slots, strict=True)):
