@@ -2,13 +2,16 @@
 
 Owns: the table of iree-compile flags per target (`cpu` = llvm-cpu for the host, `vulkan` =
 SPIR-V) and `compile_mlir`, which turns MLIR text into vmfb bytes with a clear error.
-Imports: iree.compiler, zinc.errors.
+Imports: iree.compiler (only inside `compile_mlir`: importing it maps about 60 MB of compiler
+library, which serving a cached artifact never needs), zinc.errors.
 """
 
 from __future__ import annotations
 
-from iree.compiler import CompilerToolError, compile_str
-from iree.compiler import version as iree_compiler_version
+import ast
+import importlib.util
+from functools import cache
+from pathlib import Path
 
 from zinc.errors import CompileError, ZincError
 
@@ -29,12 +32,25 @@ def check_target(target: str) -> str:
     return target
 
 
+@cache
 def compiler_version() -> str:
-    return str(getattr(iree_compiler_version, "VERSION", "unknown"))
+    """iree.compiler's VERSION, read from its version.py without loading the compiler library."""
+    spec = importlib.util.find_spec("iree")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        source = Path(root, "compiler", "version.py")
+        if source.is_file():
+            for node in ast.parse(source.read_text()).body:
+                if isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "VERSION" for t in node.targets
+                ):
+                    return str(ast.literal_eval(node.value))
+    return "unknown"
 
 
 def compile_mlir(text: str, target: str, extra_flags: tuple[str, ...] = ()) -> bytes:
     """Compile MLIR text for `target`; a compiler failure becomes a `CompileError`."""
+    from iree.compiler import CompilerToolError, compile_str  # here, not at the top: see the docstring
+
     flags = [*TARGET_FLAGS[check_target(target)], *extra_flags]
     try:
         out = compile_str(text, extra_args=flags)
