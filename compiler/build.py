@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
-from zinc.compiler import llama, tiled
+from zinc.compiler import dot8, llama
+from zinc.compiler.emitter import LAYOUTS
 from zinc.compiler.graph import DEFAULT_BATCH_SIZES, decode_entry
 from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
@@ -51,7 +52,7 @@ class Plan:
     target: str
     mlir: str
     flags: tuple[str, ...]
-    repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int]]  # see ModuleEmitter.repacked
+    repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]]  # see ModuleEmitter.repacked
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets (decode_b{B} entry points)
 
 
@@ -100,9 +101,15 @@ def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DE
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *TARGET_FLAGS[target],
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
+        f"dot8={_use_dot8(target)}",
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
+
+
+def _use_dot8(target: str) -> bool:
+    """The integer dot-product kernels: CPU target on a host with AVX2 (ZINC_CPU_INT8=0 turns them off)."""
+    return check_target(target) == "cpu" and dot8.enabled()
 
 
 def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int, ...] | None = None) -> Plan:
@@ -113,7 +120,7 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
     if kind == "vulkan":
         _check_vulkan_rows(desc.hparams, buckets)
     mod = llama.emit_module(
-        desc, tiled=kind == "cpu", batch_sizes=buckets, kv_write_per_layer=kind == "vulkan"
+        desc, tiled=kind == "cpu", dot8=_use_dot8(kind), batch_sizes=buckets, kv_write_per_layer=kind == "vulkan"
     )
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
                 repacked=dict(mod.repacked), batch_sizes=buckets)  # fmt: skip
@@ -124,10 +131,10 @@ def _write_repacked(p: Plan, directory: Path) -> None:
     if not p.repacked:
         return
     entries = {}
-    for name, (sources, q, n, k) in p.repacked.items():
+    for name, (sources, q, n, k, layout) in p.repacked.items():
         rows = [read_tensor_bytes(p.gguf.path, p.gguf.tensors[s]) for s in sources]
         raw = rows[0] if len(rows) == 1 else np.concatenate(rows)  # stacked row-wise: [sum n, k]
-        for plane, arr in tiled.repack(q, raw, n, k).items():
+        for plane, arr in LAYOUTS[layout].repack(q, raw, n, k).items():
             entries[f"{name}.{plane}"] = arr
     write_parameter_archive(directory / REPACKED_ARCHIVE, entries)
 

@@ -3,15 +3,19 @@
 Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper functions rendered
 once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
 right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension.
-Imports: zinc.compiler.kernels, zinc.mlir templates.
+Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
+weight layouts), zinc.mlir templates.
 """
 
 from __future__ import annotations
 
 import itertools
 import re
+from typing import Any, Protocol
 
-from zinc.compiler import tiled
+import numpy as np
+
+from zinc.compiler import dot8, tiled
 from zinc.compiler.kernels import (
     QuantType,
     gather_name,
@@ -23,6 +27,20 @@ from zinc.compiler.kernels import (
 )
 
 
+class WeightLayout(Protocol):
+    """A repacked CPU weight layout and its kernels (the modules `tiled` and `dot8`)."""
+
+    def plane_types(self, q: QuantType, n: int, k: int) -> dict[str, str]: ...
+    def repack(self, q: QuantType, raw: Any, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]: ...
+    def decode_name(self, q: QuantType, n: int, k: int, rows: int = 0) -> str: ...
+    def render_decode(self, q: QuantType, n: int, k: int, rows: int = 0) -> str: ...
+    def prefill_name(self, q: QuantType, n: int, k: int) -> str: ...
+    def render_prefill(self, q: QuantType, n: int, k: int) -> str: ...
+
+
+LAYOUTS: dict[str, WeightLayout] = {"tiled": tiled, "dot8": dot8}
+
+
 def f32_const(x: float) -> str:
     return f"{x:.9e}"
 
@@ -30,10 +48,11 @@ def f32_const(x: float) -> str:
 class ModuleEmitter:
     """Collects the text of one MLIR module."""
 
-    def __init__(self, tiled: bool = False) -> None:
+    def __init__(self, tiled: bool = False, dot8: bool = False) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
-        # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k), written into the .irpa
-        self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int]] = {}
+        self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
+        # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
+        self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]] = {}
         self.globals: dict[str, str] = {}  # symbol -> declaration
         self.funcs: dict[str, str] = {}  # symbol -> private helper text
         self.entries: list[str] = []
@@ -45,6 +64,14 @@ class ModuleEmitter:
             f'util.global private @{sym} = #flow.parameter.named<"model"::"{gguf_name}"> : {mlir_type}'
         )
         return sym
+
+    def layout(self, q: QuantType, n: int, k: int) -> str | None:
+        """The repacked layout a [n, k] weight of type `q` takes, or None (bound as GGUF bytes)."""
+        if self.tiled and self.dot8 and dot8.supports(q, n, k):
+            return "dot8"
+        if self.tiled and tiled.supports(q, n, k):
+            return "tiled"
+        return None
 
     def helper(self, name: str, render: str) -> str:
         self.funcs.setdefault(name, render)
@@ -107,7 +134,7 @@ class Body:
         Every weight matmul of every architecture goes through here: it binds the weight's
         parameter(s) and picks the kernel for the module's target.
         """
-        if self.mod.tiled and tiled.supports(q, n, k):
+        if self.mod.layout(q, n, k):
             return self._linear_tiled(tensor, q, n, k, x, hint)
         ty = q.param_type(n, k)
         w = self.load(self.mod.param(tensor, ty), ty)
@@ -122,11 +149,12 @@ class Body:
         halves the dispatches per layer; each result is then a slice of it.
         """
         q0 = parts[0][1]
-        fusable = self.mod.tiled and all(q == q0 and tiled.supports(q, n, k) for _, q, n in parts)
+        total = sum(n for _, _, n in parts)
+        fusable = all(q == q0 and self.mod.layout(q, n, k) for _, q, n in parts)
+        fusable = fusable and self.mod.layout(q0, total, k) == self.mod.layout(q0, parts[0][2], k)
         if not fusable or len(parts) == 1:
             return [self.linear(t, q, n, k, x, t.rsplit(".", 2)[-2]) for t, q, n in parts]
         names = tuple(t for t, _, _ in parts)
-        total = sum(n for _, _, n in parts)
         stacked = "+".join(names)
         y = self._linear_tiled(stacked, q0, total, k, x, "stacked", names)
         outs, off = [], 0
@@ -143,12 +171,15 @@ class Body:
     def _linear_tiled(
         self, tensor: str, q: QuantType, n: int, k: int, x: str, hint: str, sources: tuple[str, ...] = ()
     ) -> str:
-        self.mod.repacked[tensor] = (sources or (tensor,), q, n, k)
-        planes = tiled.plane_types(q, n, k)
+        layout = self.mod.layout(q, n, k)
+        assert layout is not None
+        kern = LAYOUTS[layout]
+        self.mod.repacked[tensor] = (sources or (tensor,), q, n, k, layout)
+        planes = kern.plane_types(q, n, k)
         args = [(self.load(self.mod.param(f"{tensor}.{p}", ty), ty), ty) for p, ty in planes.items()]
         if self.rows:  # a decode batch: the single-token kernel with a row loop, on static rows
             name = self.mod.helper(
-                tiled.decode_name(q, n, k, self.rows), tiled.render_decode(q, n, k, self.rows)
+                kern.decode_name(q, n, k, self.rows), kern.render_decode(q, n, k, self.rows)
             )
             xs = self.fresh("rows_in")
             self.emit(f"{xs} = tensor.cast {x} : {self.act(k)} to tensor<{self.rows}x{k}xf32>")
@@ -159,9 +190,9 @@ class Body:
             self.emit(f"{out} = tensor.cast {y} : tensor<{self.rows}x{n}xf32> to {self.act(n)}")
             return out
         if self.dynamic:
-            name = self.mod.helper(tiled.prefill_name(q, n, k), tiled.render_prefill(q, n, k))
+            name = self.mod.helper(kern.prefill_name(q, n, k), kern.render_prefill(q, n, k))
         else:
-            name = self.mod.helper(tiled.decode_name(q, n, k), tiled.render_decode(q, n, k))
+            name = self.mod.helper(kern.decode_name(q, n, k), kern.render_decode(q, n, k))
         return self.call(name, [*args, (x, self.act(k))], self.act(n), hint)
 
     def gather(self, q: QuantType, w: str, rows: int, cols: int, ids: str) -> str:

@@ -53,13 +53,15 @@ def build_module(desc: ModelDescription, module_name: str = "zinc_model") -> str
 def emit_module(
     desc: ModelDescription,
     tiled: bool = False,
+    dot8: bool = False,
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     kv_write_per_layer: bool = False,
 ) -> ModuleEmitter:
-    """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU);
+    """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
+    `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
     one decode entry per batch size (1 is always included: single-sequence decode);
     `kv_write_per_layer` for Vulkan (see paged.kv_write)."""
-    mod = ModuleEmitter(tiled=tiled)
+    mod = ModuleEmitter(tiled=tiled, dot8=dot8)
     mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
     for batch in sorted({1, *batch_sizes}):
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))

@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from fixtures.make_fixtures import FIXTURES, write_fixture
+from zinc.compiler import dot8
 from zinc.compiler.build import ensure_artifact
 from zinc.errors import GGUFError
-from zinc.model.gguf_file import default_model_path
+from zinc.model.gguf_file import default_model_path, open_gguf
+from zinc.model.reference import ReferenceModel
 from zinc.runtime.device import DeviceSpec, resolve_device, vulkan_devices
 from zinc.runtime.session import ModelSession
 
@@ -60,6 +62,18 @@ def smollm2() -> Path:
 
 
 SessionFactory = Callable[[Path, str], ModelSession]
+
+
+def reference_model(path: Path, device: str) -> ReferenceModel:
+    """The numpy oracle for a model compiled for `device`: on the CPU with the integer
+    dot-product kernels, its one-row matmuls take Q8 activations as those kernels do.
+
+    That makes the first prompt's logits match to f32 rounding. After a decode step the two
+    drift apart by more: rounding to Q8 is discontinuous, so float64-vs-f32 differences flip
+    some rounded values, and those flips grow through the layers (about 1e-3 of the largest
+    logit on the 2-layer fixtures, 3e-2 on SmolLM2's 30). Tests allow that much after a decode
+    (`TOL_Q8`); tests/kernels/test_dot8_kernels.py checks the kernels themselves exactly."""
+    return ReferenceModel(open_gguf(path), q8_rows=device.startswith("cpu") and dot8.enabled())
 
 
 @pytest.fixture(scope="session")

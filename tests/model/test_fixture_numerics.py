@@ -15,11 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import SessionFactory, device_params
-from zinc.model.gguf_file import open_gguf
-from zinc.model.reference import ReferenceModel
+from tests.conftest import SessionFactory, device_params, reference_model
 
 TOL = 2e-5  # max |logit error| / max |logit|; observed 1e-7..4e-6 (f32 vs f64 accumulation)
+TOL_Q8 = 1e-2  # once a step has run with Q8 activations (CPU decode), see tests/conftest.py
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -44,21 +43,22 @@ def test_compiled_matches_reference(
 ) -> None:
     path = tiny_models[fixture]
     session = open_session(path, device)
-    ref = ReferenceModel(open_gguf(path))
+    ref = reference_model(path, device)
     prompt = [3, 17, 200, 5, 9, 11]
     step = session.prefill(prompt)
     expect = ref.forward(prompt)[-1]
     assert rel_err(step.logits(), expect) < TOL
     assert step.token == int(np.argmax(step.logits()))
     pos = len(prompt)
+    tol = TOL_Q8 if ref.q8_rows else TOL
     for token in (7, 100, 42, 0):
         step = session.decode(token, pos)
         pos += 1
-        assert rel_err(step.logits(), ref.forward([token])[-1]) < TOL, f"decode at position {pos - 1}"
+        assert rel_err(step.logits(), ref.forward([token])[-1]) < tol, f"decode at position {pos - 1}"
     more = [1, 2, 3, 250]
     step = session.prefill(more, start=pos)
-    assert rel_err(step.logits(), ref.forward(more)[-1]) < TOL, "prefill continuing after cached rows"
+    assert rel_err(step.logits(), ref.forward(more)[-1]) < tol, "prefill continuing after cached rows"
     pos += len(more)
     long = [(i * 37) % 300 for i in range(21)]  # more than one prefill chunk on Vulkan
     step = session.prefill(long, start=pos)
-    assert rel_err(step.logits(), ref.forward(long)[-1]) < TOL, "a prompt longer than a prefill chunk"
+    assert rel_err(step.logits(), ref.forward(long)[-1]) < tol, "a prompt longer than a prefill chunk"

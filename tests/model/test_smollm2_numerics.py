@@ -7,17 +7,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import SessionFactory
-from zinc.model.gguf_file import open_gguf
-from zinc.model.reference import ReferenceModel
+from tests.conftest import SessionFactory, reference_model
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4  # max |logit error| / max |logit|: f32 kernels over 30 layers vs float64
+TOL_Q8 = 5e-2  # decode with Q8 activations through 30 layers (observed 2.4e-2..2.9e-2), see tests/conftest.py
 
 
 def test_smollm2_matches_reference(smollm2: Path, open_session: SessionFactory) -> None:
     session = open_session(smollm2, "cpu")
-    ref = ReferenceModel(open_gguf(smollm2))
+    ref = reference_model(smollm2, "cpu")
     prompt = [504, 3575, 282, 4649, 314]  # "The capital of France is"
     step = session.prefill(prompt)
     expect = ref.forward(prompt)[-1]
@@ -29,4 +28,4 @@ def test_smollm2_matches_reference(smollm2: Path, open_session: SessionFactory) 
         step = session.decode(token, pos)
         pos += 1
         expect = ref.forward([token])[-1]
-        assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < TOL
+        assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < (TOL_Q8 if ref.q8_rows else TOL)

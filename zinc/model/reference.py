@@ -5,7 +5,11 @@ same math as the compiled graph, written plainly (llama2.c's `forward`, in numpy
 block at a time with its own KV cache. It follows the recipe in `HParams` (llama, qwen2, qwen3,
 gemma3): NEOX or adjacent-pair RoPE with per-layer bases, q/k/v biases, per-head QK RMSNorm,
 post-norms, SwiGLU or tanh-GELU gating, sliding-window layers, embedding and query scales and
-final logit softcapping. Slow by design; used by tests and for debugging.
+final logit softcapping. With `q8_rows`, it also follows the CPU's integer dot-product kernels
+(`compiler/dot8.py`): where a matmul runs over a single row (decode) or is the output projection,
+and the weight is Q4_0, Q4_1 or Q8_0 with rows in groups of 8, the activations are first rounded
+to Q8 per 32-block, as those kernels (and llama.cpp) do. Slow by design; used by tests and for
+debugging.
 Imports: numpy, gguf, zinc.model.
 """
 
@@ -21,6 +25,18 @@ from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import describe
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
+Q8_WEIGHTS = ("Q4_0", "Q4_1", "Q8_0")  # the types whose one-row matmuls take Q8 activations on the CPU
+
+
+def q8_round(x: F64) -> F64:
+    """x rounded to Q8 per 32-block in f32, as the dot8 kernels do: d = max|x| / 127,
+    q = round-half-even(x * 127 / max|x|), result q * d."""
+    xb = x.astype(np.float32).reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), np.float32(0))
+    q = np.rint(xb * inv.astype(np.float32))
+    return np.asarray((q * d).reshape(x.shape), dtype=np.float64)
 
 
 def gelu_tanh(x: F64) -> F64:
@@ -32,11 +48,16 @@ def silu(x: F64) -> F64:
 
 
 class ReferenceModel:
-    def __init__(self, model: GGUFModel) -> None:
+    def __init__(self, model: GGUFModel, q8_rows: bool = False) -> None:
         self.hp = describe(model).hparams
         reader = GGUFReader(model.path, "r")
         self.w: dict[str, F64] = {}
+        self.q8_rows = q8_rows
+        self.q8_weights: set[str] = set()  # weights whose one-row matmuls take Q8 activations
+        self.one_row = False  # set by `forward` for a single-token step
         for t in reader.tensors:
+            if t.tensor_type.name in Q8_WEIGHTS and len(t.shape) == 2 and int(t.shape[1]) % 8 == 0:
+                self.q8_weights.add(t.name)
             arr = dequantize(t.data, t.tensor_type).astype(np.float64)
             self.w[t.name] = arr.reshape([int(x) for x in reversed(t.shape)])  # [ne1, ne0]
         hp = self.hp
@@ -72,13 +93,19 @@ class ReferenceModel:
     def _proj(self, x: F64, p: str, name: str, heads: int) -> F64:
         """x @ W^T (+ bias), as [T, heads, hd], RMS-normed per head when the recipe says so."""
         hp, w = self.hp, self.w
-        y = x @ w[p + name + ".weight"].T
+        y = self._mm(x, p + name + ".weight")
         if hp.attn_qkv_bias:
             y = y + w[p + name + ".bias"]
         y = y.reshape(len(x), heads, hp.key_length)
         if hp.attn_qk_norm and name in ("attn_q", "attn_k"):
             y = self._rms(y, w[p + name + "_norm.weight"])
         return y
+
+    def _mm(self, x: F64, name: str, one_row: bool | None = None) -> F64:
+        """x @ W^T, the activations rounded to Q8 first where the CPU kernels do that."""
+        if self.q8_rows and (self.one_row if one_row is None else one_row) and name in self.q8_weights:
+            x = q8_round(x)
+        return np.asarray(x @ self.w[name].T)
 
     def _attention(self, q: F64, kall: F64, vall: F64, start: int, il: int) -> F64:
         hp = self.hp
@@ -100,6 +127,7 @@ class ReferenceModel:
         hp, w = self.hp, self.w
         start = self.k.shape[1]
         pos = np.arange(start, start + len(ids), dtype=np.float64)
+        self.one_row = len(ids) == 1
         x = w["token_embd.weight"][ids] * hp.embedding_scale  # [T, d]
         ks, vs = [], []
         for il in range(hp.block_count):
@@ -110,20 +138,20 @@ class ReferenceModel:
             v = self._proj(cur, p, "attn_v", hp.head_count_kv)
             ks.append(np.concatenate([self.k[il], k]))  # [S, nkv, hd]
             vs.append(np.concatenate([self.v[il], v]))
-            att = self._attention(q, ks[-1], vs[-1], start, il) @ w[p + "attn_output.weight"].T
+            att = self._mm(self._attention(q, ks[-1], vs[-1], start, il), p + "attn_output.weight")
             if hp.post_norms:
                 att = self._rms(att, w[p + "post_attention_norm.weight"])
             x = x + att
             cur = self._rms(x, w[p + "ffn_norm.weight"])
-            gate = cur @ w[p + "ffn_gate.weight"].T
+            gate = self._mm(cur, p + "ffn_gate.weight")
             act = gelu_tanh(gate) if hp.ffn_activation == "gelu" else silu(gate)
-            ffn = (act * (cur @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+            ffn = self._mm(act * self._mm(cur, p + "ffn_up.weight"), p + "ffn_down.weight")
             if hp.post_norms:
                 ffn = self._rms(ffn, w[p + "post_ffw_norm.weight"])
             x = x + ffn
         self.k, self.v = np.stack(ks), np.stack(vs)
-        out = w["token_embd.weight"] if hp.tied_output else w["output.weight"]
-        logits = self._rms(x, w["output_norm.weight"]) @ out.T
+        out = "token_embd.weight" if hp.tied_output else "output.weight"
+        logits = self._mm(self._rms(x, w["output_norm.weight"]), out, one_row=True)  # a row at a time
         if hp.final_logit_softcapping:
             cap = hp.final_logit_softcapping
             logits = cap * np.tanh(logits / cap)

@@ -1,0 +1,84 @@
+// y[R, n] = x[R, k] @ W[n, k]^T with integer dot products (compiler/dot8.py): a dispatch written
+// by hand, R static (1 for one token, the bucket size for a decode batch). W is in groups of 8
+// rows, each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16
+// bits [groups, blocks, 8]. Each workgroup takes PER_WG groups: it quantizes x per 32-block to
+// int8 (d_x = max|x| / 127, q = round-to-even(x / d_x), s_x = d_x * sum q), then per block and
+// row multiplies bytes with vpmaddubsw (pairs into i16), adds pairs into i32 with vpmaddwd, and
+// accumulates d_w d_x sum (+ m_w s_x) in f32, 8 output rows per vector.
+// Placeholders: NAME, NWG, PER_WG, NG, R, B, K, N, CONSTS, QS, DS, XQ, DX, BINDINGS, WM, MSCALE,
+// BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES, ARGS, OPERANDS, OPERAND_TYPES.
+stream.executable private @${NAME}_ex {
+  stream.executable.export public @${NAME} workgroups() -> (index, index, index) {
+    %x = arith.constant ${NWG} : index
+    %c1 = arith.constant 1 : index
+    stream.return %x, %c1, %c1 : index, index, index
+  }
+  builtin.module {
+    func.func @${NAME}(${BINDINGS}, %b_x: !stream.binding, %b_y: !stream.binding) {
+${CONSTS}
+    %wq = stream.binding.subspan %b_qs[%c0] : !stream.binding -> memref<${QS}>
+    %wd = stream.binding.subspan %b_d[%c0] : !stream.binding -> memref<${DS}>
+${WM}
+    %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<${R}x${B}x32xf32>
+    %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<${R}x${N}xf32>
+    %wg = stream.dispatch.workgroup.id[0] : index
+    %cR = arith.constant ${R} : index
+    %cB = arith.constant ${B} : index
+    %cNG = arith.constant ${NG} : index
+    %cPW = arith.constant ${PER_WG} : index
+    %xq = memref.alloca() : memref<${XQ}>
+    %dx = memref.alloca() : memref<${DX}>
+    %sx = memref.alloca() : memref<${DX}>
+    %fzero = arith.constant 0.0 : f32
+    %fmax = arith.constant 127.0 : f32
+    scf.for %r = %c0 to %cR step %c1 {
+      scf.for %b = %c0 to %cB step %c1 {
+        %v = vector.load %x[%r, %b, %c0] : memref<${R}x${B}x32xf32>, vector<32xf32>
+        %av = math.absf %v : vector<32xf32>
+        %mx = vector.reduction <maxnumf>, %av : vector<32xf32> into f32
+        %d = arith.divf %mx, %fmax : f32
+        %nz = arith.cmpf ogt, %mx, %fzero : f32
+        %inv0 = arith.divf %fmax, %mx : f32
+        %inv = arith.select %nz, %inv0, %fzero : f32
+        %invv = vector.broadcast %inv : f32 to vector<32xf32>
+        %sc = arith.mulf %v, %invv : vector<32xf32>
+        %rq = math.roundeven %sc : vector<32xf32>
+        %qi = arith.fptosi %rq : vector<32xf32> to vector<32xi8>
+        vector.store %qi, %xq[%r, %b, %c0] : memref<${XQ}>, vector<32xi8>
+        %qw = arith.extsi %qi : vector<32xi8> to vector<32xi32>
+        %qsum = vector.reduction <add>, %qw : vector<32xi32> into i32
+        %qsf = arith.sitofp %qsum : i32 to f32
+        %sd = arith.mulf %qsf, %d : f32
+        memref.store %d, %dx[%r, %b] : memref<${DX}>
+        memref.store %sd, %sx[%r, %b] : memref<${DX}>
+      }
+    }
+    %m15 = arith.constant dense<15> : vector<32xi8>
+    %c4v = arith.constant dense<4> : vector<32xi8>
+    %ones = arith.constant dense<1> : vector<16xi16>
+    %m8 = arith.constant dense<-8.0> : vector<8xf32>
+    %zf = arith.constant dense<0.0> : vector<8xf32>
+    %g0 = arith.muli %wg, %cPW : index
+    %g1a = arith.addi %g0, %cPW : index
+    %g1 = arith.minui %g1a, %cNG : index
+    scf.for %g = %g0 to %g1 step %c1 {
+      ${RESULTS} = scf.for %b = %c0 to %cB step %c1 iter_args(${ITER_INIT}) -> (${ITER_TYPES}) {
+          %dbits = vector.load %wd[%g, %b, %c0] : memref<${DS}>, vector<8xi16>
+          %dh = arith.bitcast %dbits : vector<8xi16> to vector<8xf16>
+          %dw = arith.extf %dh : vector<8xf16> to vector<8xf32>
+          ${MSCALE}
+${BODY}
+        scf.yield ${YIELD} : ${YIELD_TYPES}
+      }
+      %n0 = arith.muli %g, %c8 : index
+${STORES}
+    }
+    return
+    }
+  }
+}
+func.func private @${NAME}(${ARGS}, %x: tensor<${R}x${K}xf32>) -> tensor<${R}x${N}xf32> {
+  %xb = tensor.expand_shape %x [[0], [1, 2]] output_shape [${R}, ${B}, 32] : tensor<${R}x${K}xf32> into tensor<${R}x${B}x32xf32>
+  %y = flow.dispatch @${NAME}_ex::@${NAME}(${OPERANDS}, %xb) : (${OPERAND_TYPES}, tensor<${R}x${B}x32xf32>) -> tensor<${R}x${N}xf32>
+  return %y : tensor<${R}x${N}xf32>
+}

@@ -1,0 +1,97 @@
+"""Tier 2: the integer dot-product CPU kernels (compiler/dot8.py) against gguf's dequantize + numpy.
+
+Each GGUF tensor is repacked as `zinc compile` does it. The decode kernels (one token, batches of
+3 and 9 rows) must equal the weight times the activations rounded to Q8 per 32-block
+(`zinc.model.reference.q8_round`, the rounding the kernel does) to f32 accuracy; the prefill
+kernel reads the same planes in f32 and must equal the weight times x. Skipped, with the reason,
+on a CPU without AVX2 (those machines compile the f32 tiled kernels instead).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, quants
+
+from tests.conftest import DEVICES, device_params
+from zinc.compiler import dot8
+from zinc.compiler.kernels import QUANT_TYPES
+from zinc.compiler.targets import compile_mlir
+from zinc.model.reference import q8_round
+from zinc.runtime.device import to_host
+from zinc.runtime.module import LoadedModule
+
+SHAPES = [(64, 128), (40, 32), (8, 576), (136, 96)]  # N a multiple of 8 (groups), K of 32 (blocks)
+pytestmark = pytest.mark.skipif(not dot8.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
+
+
+def kernel_module(qtype: str, n: int, k: int) -> str:
+    q = QUANT_TYPES[qtype]
+    planes = dot8.plane_types(q, n, k)
+    text = "".join(
+        f'util.global private @{p} = #flow.parameter.named<"model"::"{p}"> : {t}\n' for p, t in planes.items()
+    )
+    text += dot8.render_decode(q, n, k) + dot8.render_prefill(q, n, k)
+    text += dot8.render_decode(q, n, k, 3) + dot8.render_decode(q, n, k, 9)
+    loads = "".join(f"  %{p} = util.global.load @{p} : {t}\n" for p, t in planes.items())
+    names, types = ", ".join(f"%{p}" for p in planes), ", ".join(planes.values())
+    for fn, callee, t in (
+        ("mv", dot8.decode_name(q, n, k), "1"), ("mm", dot8.prefill_name(q, n, k), "?"),
+        ("b3", dot8.decode_name(q, n, k, 3), "3"), ("b9", dot8.decode_name(q, n, k, 9), "9"),
+    ):  # fmt: skip
+        arg, res = f"tensor<{t}x{k}xf32>", f"tensor<{t}x{n}xf32>"
+        text += (
+            f"func.func @{fn}(%x: {arg}) -> {res} {{\n{loads}"
+            f"  %y = func.call @{callee}({names}, %x) : ({types}, {arg}) -> {res}\n  return %y : {res}\n}}\n"
+        )
+    return text
+
+
+@pytest.mark.parametrize("device", device_params("cpu", "cpu-task"))
+@pytest.mark.parametrize("qtype", list(dot8.DOT8_TYPES))
+def test_dot8_kernels_match_dequantize(qtype: str, device: str) -> None:
+    spec = DEVICES[device]()
+    q = QUANT_TYPES[qtype]
+    rng = np.random.default_rng(5)
+    for n, k in SHAPES:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        raw = quants.quantize(w, GGMLQuantizationType[qtype])
+        ref_w = quants.dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
+        planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
+        assert sum(p.nbytes for p in planes.values()) == raw.nbytes  # a byte shuffle, same size
+        mod = LoadedModule(
+            compile_mlir(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
+        )
+        # activations with outliers, one all-zero block and one block at a single value
+        x = (rng.standard_normal((9, k)) * np.exp(2 * rng.standard_normal((9, k)))).astype(np.float32)
+        x[1, :32] = 0.0
+        x[2, :32] = -3.5
+        exact = x.astype(np.float64) @ ref_w.T
+        ref = q8_round(x.astype(np.float64)) @ ref_w.T
+        scale = np.abs(ref).max()
+        y = to_host(mod.fn("mm")(mod.to_device(x)), mod.device)
+        assert y.shape == (9, n)
+        assert np.abs(y - exact).max() / scale < 1e-5, f"{qtype} prefill {n}x{k}"
+        y1 = to_host(mod.fn("mv")(mod.to_device(x[4:5])), mod.device)
+        assert np.abs(y1 - ref[4:5]).max() / scale < 1e-5, f"{qtype} decode {n}x{k}"
+        y3 = to_host(mod.fn("b3")(mod.to_device(x[:3])), mod.device)
+        assert np.abs(y3 - ref[:3]).max() / scale < 1e-5, f"{qtype} batched decode of 3 rows {n}x{k}"
+        y9 = to_host(mod.fn("b9")(mod.to_device(x)), mod.device)
+        assert np.abs(y9 - ref).max() / scale < 1e-5, f"{qtype} batched decode of 9 rows {n}x{k}"
+        # each row of a batch is computed exactly as that token alone would be
+        assert np.array_equal(y9[4:5], y1), f"{qtype}: a batch row differs from the single-token kernel"
+        # and the rounding costs what Q8 costs: a few percent of the largest output at most
+        assert np.abs(y1 - exact[4:5]).max() / np.abs(exact[4:5]).max() < 5e-2
+
+
+def test_dot8_layout_applies_to_whole_groups_of_the_byte_types() -> None:
+    q41 = QUANT_TYPES["Q4_1"]
+    assert dot8.supports(q41, 40, 64) and not dot8.supports(q41, 36, 64)
+    assert not dot8.supports(QUANT_TYPES["Q5_0"], 64, 64) and not dot8.supports(QUANT_TYPES["F16"], 64, 64)
+
+
+def test_int8_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZINC_CPU_INT8", "0")
+    assert not dot8.enabled()
+    monkeypatch.setenv("ZINC_CPU_INT8", "1")
+    assert dot8.enabled() == dot8.host_supports()
