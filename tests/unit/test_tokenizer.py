@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import heapq
+import weakref
 from typing import Any
 
 import pytest
@@ -333,6 +335,20 @@ def test_eog_set_and_defaults_follow_llama_cpp_rules() -> None:
     assert (
         Tokenizer.from_metadata(_tiny_gpt2(**{"tokenizer.ggml.add_bos_token": True})).encode(" hi")[0] == 11
     )
+
+
+def test_tokenizer_keeps_no_vocab_and_looks_up_through_the_backend() -> None:
+    vocab = load_vocab(_tiny_gpt2())
+    ref = weakref.ref(vocab)
+    tok = Tokenizer(vocab)
+    del vocab
+    gc.collect()
+    assert ref() is None  # the merges, ids and piece list are not kept (memory)
+    assert tok.token_id("Ġhi") == 257 and tok.token_text(257) == "Ġhi"
+    assert tok.token_id("\x00zinc:no-token\x00") is None  # the backend's placeholder is not a token
+    assert tok.token_id("a\ud800") is None and tok.token_id("nope") is None
+    assert tok.piece(258) == b"" and tok.piece(258, skip_special=False) == b"<|im_end|>"
+    assert tok.decode_bytes([257, 258, 256], skip_special=False) == b" hi<|im_end|> h"
 
 
 def test_bad_vocabularies_are_clear_errors() -> None:

@@ -12,6 +12,8 @@ text (special tokens already split off) into ids:
   a token with the highest score (leftmost on ties) and spells leftover characters as `<0xNN>`
   byte tokens. The same result comes from BPE with byte fallback and one merge per way of cutting
   each token in two, ranked by the token's score (tests check this against a direct port).
+The backend's vocabulary (text <-> id, holding the gpt2 placeholder one past the real ids) is also
+the one `Tokenizer.token_id` / `token_text` read, so no Python copy of it is kept.
 Imports: tokenizers, zinc.tokenizer.vocab, zinc.tokenizer.pretokenize.
 """
 
@@ -24,20 +26,29 @@ from zinc.tokenizer.vocab import Vocab
 
 
 def _spm_merges(vocab: Vocab) -> list[tuple[str, str]]:
-    ids, scores = vocab.ids, vocab.scores
-    ranked: list[tuple[float, int, int, str, str]] = []
-    for tok, text in enumerate(vocab.tokens):
+    """Ranked by (-score, token id, cut): tokens sorted by (-score, id), each one's cuts in order."""
+    ids, scores, tokens = vocab.ids, vocab.scores, vocab.tokens
+    merges: list[tuple[str, str]] = []
+    for tok in sorted(range(len(tokens)), key=lambda t: (-scores[t], t)):
+        text = tokens[tok]
         for cut in range(1, len(text)):
             left, right = text[:cut], text[cut:]
             if left in ids and right in ids:
-                ranked.append((-scores[tok], tok, cut, left, right))
-    ranked.sort()
-    return [(left, right) for _, _, _, left, right in ranked]
+                merges.append((left, right))
+    return merges
 
 
 def _gpt2_merges(vocab: Vocab) -> list[tuple[str, str]]:
+    """The file's merges split at the first space after the first character, if all three are tokens."""
     ids = vocab.ids
-    return [(a, b) for a, b in vocab.merges if a in ids and b in ids and a + b in ids]
+    merges: list[tuple[str, str]] = []
+    for m in vocab.merges:
+        pos = m.find(" ", 1)
+        if pos > 0:
+            a, b = m[:pos], m[pos + 1 :]
+            if a in ids and b in ids and a + b in ids:
+                merges.append((a, b))
+    return merges
 
 
 _PLACEHOLDER = "\x00zinc:no-token\x00"
@@ -50,7 +61,7 @@ def unknown_id(vocab: Vocab) -> int:
 
 def build_backend(vocab: Vocab) -> Tokenizer:
     if vocab.is_spm:
-        model = models.BPE(vocab=dict(vocab.ids), merges=_spm_merges(vocab), byte_fallback=True)
+        model = models.BPE(vocab=vocab.ids, merges=_spm_merges(vocab), byte_fallback=True)
         return Tokenizer(model)
     spec = pre_tokenizer_spec(vocab.pre)
     ids = dict(vocab.ids)

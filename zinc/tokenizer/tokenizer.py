@@ -8,12 +8,16 @@ token), then add BOS/EOS as the model asks. `decode` concatenates token pieces (
 token stands for) and reads them as UTF-8; control and unknown tokens are left out unless
 `skip_special=False`, like llama.cpp's `special` flag. No clean-up of spaces is applied (neither
 supported model asks for it), so `decode(encode(s)) == s`.
+Memory: the `Vocab` is dropped once built. Token text <-> id lookups go to the backend's own
+vocabulary, and the pieces live in one bytes blob sliced by offset arrays (one small object per
+token would cost ~2 MiB for a 49k vocabulary).
 Imports: tokenizers (through backend), zinc.errors, the vocab/special/backend modules.
 """
 
 from __future__ import annotations
 
 import re
+from array import array
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,18 +29,37 @@ from zinc.tokenizer.vocab import CONTROL, SPM_SPACE, UNKNOWN, Vocab, load_vocab
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
+def _offsets(pieces: list[bytes], hidden: bytes) -> tuple[array[int], array[int], array[int]]:
+    """Start, end and end-when-hidden-tokens-are-skipped of every piece in `b"".join(pieces)`."""
+    starts, ends, ends_plain = array("I"), array("I"), array("I")
+    pos = 0
+    for piece, h in zip(pieces, hidden, strict=True):
+        starts.append(pos)
+        ends_plain.append(pos if h else pos + len(piece))
+        pos += len(piece)
+        ends.append(pos)
+    return starts, ends, ends_plain
+
+
 class Tokenizer:
     """A GGUF model's tokenizer. Build it with `Tokenizer.from_metadata(model.metadata)`."""
 
     def __init__(self, vocab: Vocab) -> None:
-        self._vocab = vocab
         self._backend = build_backend(vocab)
         self._splitter = SpecialSplitter(vocab)
         self._no_token = unknown_id(vocab)
-        hidden = [k in (CONTROL, UNKNOWN) for k in vocab.kinds]
-        self._hidden = hidden
-        self._pieces_shown = vocab.pieces
-        self._pieces_plain = [b"" if h else p for p, h in zip(vocab.pieces, hidden, strict=True)]
+        self._n = len(vocab.tokens)
+        self._model, self._is_spm = vocab.model, vocab.is_spm
+        self._special = vocab.special
+        self._eog_ids = vocab.eog_ids
+        self._add_bos, self._add_eos = vocab.add_bos, vocab.add_eos
+        self._add_space_prefix = vocab.add_space_prefix
+        self._bos_text = vocab.tokens[self.bos_id] if self.bos_id is not None else ""
+        self._eos_text = vocab.tokens[self.eos_id] if self.eos_id is not None else ""
+        # token i's piece is _blob[_starts[i]:_ends[i]]; _ends_plain[i] == _starts[i] for hidden tokens
+        self._hidden = bytes(k in (CONTROL, UNKNOWN) for k in vocab.kinds)
+        self._blob = b"".join(vocab.pieces)
+        self._starts, self._ends, self._ends_plain = _offsets(vocab.pieces, self._hidden)
 
     @classmethod
     def from_metadata(cls, meta: Mapping[str, Any]) -> Tokenizer:
@@ -47,78 +70,85 @@ class Tokenizer:
     @property
     def model(self) -> str:
         """`tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE)."""
-        return self._vocab.model
+        return self._model
 
     @property
     def vocab_size(self) -> int:
-        return len(self._vocab.tokens)
+        return self._n
 
     @property
     def bos_id(self) -> int | None:
-        return self._vocab.special.get("bos")
+        return self._special.get("bos")
 
     @property
     def eos_id(self) -> int | None:
-        return self._vocab.special.get("eos")
+        return self._special.get("eos")
 
     @property
     def eot_id(self) -> int | None:
-        return self._vocab.special.get("eot")
+        return self._special.get("eot")
 
     @property
     def eog_ids(self) -> frozenset[int]:
         """Every token that ends generation (EOS, end-of-turn, FIM pads, ...), as llama.cpp decides."""
-        return self._vocab.eog_ids
+        return self._eog_ids
 
     @property
     def add_bos(self) -> bool:
-        return self._vocab.add_bos
+        return self._add_bos
 
     @property
     def add_eos(self) -> bool:
-        return self._vocab.add_eos
+        return self._add_eos
 
     @property
     def add_space_prefix(self) -> bool:
-        return self._vocab.add_space_prefix
+        return self._add_space_prefix
 
     @property
     def bos_text(self) -> str:
         """The BOS token's text ("" when the model has none), for chat templates."""
-        return self._vocab.tokens[self.bos_id] if self.bos_id is not None else ""
+        return self._bos_text
 
     @property
     def eos_text(self) -> str:
-        return self._vocab.tokens[self.eos_id] if self.eos_id is not None else ""
+        return self._eos_text
 
     def token_text(self, token_id: int) -> str:
         """The token's text as stored in the vocabulary (byte-level or `▁`-escaped for normal tokens)."""
-        return self._vocab.tokens[self._check(token_id)]
+        text = self._backend.id_to_token(self._check(token_id))
+        assert text is not None  # every id below vocab_size is in the backend's vocabulary
+        return text
 
     def token_id(self, text: str) -> int | None:
         """The id of the token whose vocabulary text is exactly `text`, if any."""
-        return self._vocab.ids.get(text)
+        try:
+            found = self._backend.token_to_id(text)
+        except UnicodeEncodeError:  # lone surrogates: no token has them
+            return None
+        return found if found is not None and found < self._n else None  # not the gpt2 placeholder
 
     def is_special(self, token_id: int) -> bool:
         """True for control and unknown tokens: the ones `decode` leaves out by default."""
-        return self._hidden[self._check(token_id)]
+        return self._hidden[self._check(token_id)] != 0
 
     def is_eog(self, token_id: int) -> bool:
-        return token_id in self._vocab.eog_ids
+        return token_id in self._eog_ids
 
     def piece(self, token_id: int, *, skip_special: bool = True) -> bytes:
         """The bytes one token decodes to (possibly part of a UTF-8 character)."""
-        pieces = self._pieces_plain if skip_special else self._pieces_shown
-        return pieces[self._check(token_id)]
+        if not 0 <= token_id < self._n:  # the check inline: this runs once per generated token
+            self._check(token_id)
+        ends = self._ends_plain if skip_special else self._ends
+        return self._blob[self._starts[token_id] : ends[token_id]]
 
     # --- encode / decode --------------------------------------------------------------------
     def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Token ids for `text`, exactly as llama.cpp's `llama_tokenize(text, add_special, parse_special)`."""
         if _SURROGATES.search(text):  # lone surrogates cannot be UTF-8 encoded
             text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        vocab = self._vocab
         out: list[int] = []
-        if add_special and vocab.add_bos and self.bos_id is not None:
+        if add_special and self._add_bos and self.bos_id is not None:
             out.append(self.bos_id)
         backend = self._backend
         prev_special = True
@@ -127,22 +157,22 @@ class Tokenizer:
                 out.append(part)
                 prev_special = True
                 continue
-            if vocab.is_spm:
-                if vocab.add_space_prefix and prev_special:
+            if self._is_spm:
+                if self._add_space_prefix and prev_special:
                     part = " " + part
                 part = part.replace(" ", SPM_SPACE)
             ids = backend.encode(part, add_special_tokens=False).ids
             out.extend(ids if self._no_token not in ids else [i for i in ids if i != self._no_token])
             prev_special = False
-        if add_special and vocab.add_eos and self.eos_id is not None:
+        if add_special and self._add_eos and self.eos_id is not None:
             out.append(self.eos_id)
         return out
 
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = True) -> bytes:
         """The concatenated pieces of `ids` (may end inside a UTF-8 character)."""
-        pieces = self._pieces_plain if skip_special else self._pieces_shown
+        blob, starts, ends = self._blob, self._starts, self._ends_plain if skip_special else self._ends
         try:
-            return b"".join([pieces[self._check(i)] for i in ids])
+            return b"".join([blob[starts[self._check(i)] : ends[i]] for i in ids])
         except TypeError as exc:
             raise InvalidRequestError(f"token ids must be integers ({exc})") from exc
 
@@ -151,7 +181,7 @@ class Tokenizer:
         return self.decode_bytes(ids, skip_special=skip_special).decode("utf-8", "replace")
 
     def _check(self, token_id: int) -> int:
-        if not 0 <= token_id < len(self._vocab.tokens):
+        if not 0 <= token_id < self._n:
             raise InvalidRequestError(
                 f"token id {token_id} is out of range for a vocabulary of {self.vocab_size}"
             )

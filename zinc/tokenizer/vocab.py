@@ -1,7 +1,9 @@
 """The vocabulary of a GGUF model, read the way llama.cpp's `llama_vocab::load` reads it.
 
 Owns: `Vocab` (token texts, effective token kinds, scores, merges, special ids, add-BOS/EOS flags,
-the end-of-generation set and the byte piece of every token) and `load_vocab(metadata)`.
+the end-of-generation set and the byte piece of every token) and `load_vocab(metadata)`. A `Vocab`
+is only the input for building a `Tokenizer`, which keeps none of it; `merges` is the file's own
+list of "left right" strings (not copied), split by the backend.
 llama.cpp adjusts the file's token types after loading (an end-of-turn token that is not marked
 control becomes control, e.g. Gemma's `</s>`); `Vocab.kinds` holds those effective kinds.
 Imports: zinc.errors, zinc.tokenizer.pretokenize.
@@ -167,7 +169,7 @@ class Vocab:
     tokens: list[str]
     kinds: list[int]  # effective token types, after llama.cpp's adjustments
     scores: list[float]
-    merges: list[tuple[str, str]]  # ranked merges (gpt2 only)
+    merges: Sequence[str]  # ranked "left right" merges as in the file (gpt2 only)
     ids: dict[str, int]
     special: dict[str, int]  # "bos", "eos", "eot", ... -> id (absent keys are unset)
     add_bos: bool
@@ -230,15 +232,12 @@ def load_vocab(meta: Mapping[str, Any]) -> Vocab:
     ]
     raw_scores = meta.get("tokenizer.ggml.scores")
     scores = [float(s) for s in raw_scores[:n]] if isinstance(raw_scores, list) else [0.0] * n
-    merges: list[tuple[str, str]] = []
+    merges: Sequence[str] = ()
     if model == "gpt2":
         raw_merges = meta.get("tokenizer.ggml.merges")
         if not isinstance(raw_merges, list):
             raise GGUFError("GGUF has a gpt2 tokenizer but no tokenizer.ggml.merges")
-        for m in raw_merges:
-            pos = m.find(" ", 1)
-            if pos > 0:
-                merges.append((m[:pos], m[pos + 1 :]))
+        merges = raw_merges
 
     bos, eos, unk, add_bos, add_space_prefix = _MODEL_DEFAULTS[model]
     special: dict[str, int] = {
