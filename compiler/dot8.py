@@ -8,12 +8,11 @@ group side by side, 4 bytes of each row at a time) and the kernels that read it:
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
     and the block sum for Q4_1 / Q4_0, as llama.cpp's Q8_1 / Q8_0 activations), then multiplies
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics), 8 output rows per vector, scales in f32;
-  - prefill (`render_prefill`): the weight dequantized to f32 and one `linalg.matmul`, as in
-    `tiled`, reading the grouped planes.
+  - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
+    tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
 (docs/PERFORMANCE.md, History), which is why these kernels name the instructions.
-Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.compiler.tiled (the shared
-f16-decode and dequantization body lines).
+Imports: numpy, zinc.compiler.kernels (QuantType, templates).
 """
 
 from __future__ import annotations
@@ -25,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from zinc.compiler import tiled
 from zinc.compiler.kernels import QuantType, template
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
 DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # type -> 32-byte loads per block of a group
+PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 TARGET_WORKGROUPS = 16  # workgroups per dispatch: each quantizes the activations once
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
@@ -148,11 +147,62 @@ def render_decode(q: QuantType, n: int, k: int, rows: int = 0) -> str:
     """A `stream.executable` and the private func `y[R, n] = x[R, k] @ W[n, k]^T` dispatching it
     (R = `rows`, or 1 for the single-token decode)."""
     r = rows or 1
+    b = k // 32
+    operands, operand_types = _operands(q, n, k)
+    name = decode_name(q, n, k, rows)
+    wrapper = (
+        f"func.func private @{name}({_args(q, n, k)}, %x: tensor<{r}x{k}xf32>) -> tensor<{r}x{n}xf32> {{\n"
+        f"  %xb = tensor.expand_shape %x [[0], [1, 2]] output_shape [{r}, {b}, 32] "
+        f": tensor<{r}x{k}xf32> into tensor<{r}x{b}x32xf32>\n"
+        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, %xb) "
+        f": ({operand_types}, tensor<{r}x{b}x32xf32>) -> tensor<{r}x{n}xf32>\n"
+        f"  return %y : tensor<{r}x{n}xf32>\n}}\n"
+    )
+    return _render(q, n, k, name, r, wrapper, prefill=False)
+
+
+def render_prefill(q: QuantType, n: int, k: int) -> str:
+    """The same for a prompt chunk: x [T, k] padded with zero rows to a multiple of 8, a tile of
+    8 rows per workgroup, the weight groups of a workgroup read from cache for every tile."""
+    b, name = k // 32, prefill_name(q, n, k)
+    operands, operand_types = _operands(q, n, k)
+    wrapper = f"""func.func private @{name}({_args(q, n, k)}, %x: tensor<?x{k}xf32>) -> tensor<?x{n}xf32> {{
+  %c0 = arith.constant 0 : index
+  %c7 = arith.constant 7 : index
+  %c8 = arith.constant 8 : index
+  %zero = arith.constant 0.0 : f32
+  %T = tensor.dim %x, %c0 : tensor<?x{k}xf32>
+  %t7 = arith.addi %T, %c7 : index
+  %tq = arith.divui %t7, %c8 : index
+  %Tp = arith.muli %tq, %c8 : index
+  %extra = arith.subi %Tp, %T : index
+  %xp = tensor.pad %x low[0, 0] high[%extra, 0] {{
+  ^bb0(%i: index, %j: index):
+    tensor.yield %zero : f32
+  }} : tensor<?x{k}xf32> to tensor<?x{k}xf32>
+  %xb = tensor.expand_shape %xp [[0], [1, 2]] output_shape [%Tp, {b}, 32] : tensor<?x{k}xf32> into tensor<?x{b}x32xf32>
+  %yp = flow.dispatch @{name}_ex::@{name}[%Tp]({operands}, %xb, %Tp) : ({operand_types}, tensor<?x{b}x32xf32>{{%Tp}}, index) -> tensor<?x{n}xf32>{{%Tp}}
+  %y = tensor.extract_slice %yp[0, 0] [%T, {n}] [1, 1] : tensor<?x{n}xf32> to tensor<?x{n}xf32>
+  return %y : tensor<?x{n}xf32>
+}}
+"""
+    return _render(q, n, k, name, PREFILL_ROWS, wrapper, prefill=True)
+
+
+def _args(q: QuantType, n: int, k: int) -> str:
+    return ", ".join(f"%w_{p}: {t}" for p, t in plane_types(q, n, k).items())
+
+
+def _operands(q: QuantType, n: int, k: int) -> tuple[str, str]:
+    types = plane_types(q, n, k)
+    return ", ".join(f"%w_{p}" for p in types), ", ".join(types.values())
+
+
+def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefill: bool) -> str:
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     per_wg = max(1, -(-ng // TARGET_WORKGROUPS))
+    nwg = -(-ng // per_wg)
     types = plane_types(q, n, k)
-    planes = list(types)
-    name = decode_name(q, n, k, rows)
     if q.name == "Q4_1":
         mscale = "%mbits = vector.load %wm[%g, %b, %c0] : memref<${DS}>, vector<8xi16>\n" + (
             "          %mh = arith.bitcast %mbits : vector<8xi16> to vector<8xf16>\n"
@@ -163,22 +213,32 @@ def render_decode(q: QuantType, n: int, k: int, rows: int = 0) -> str:
     else:
         mscale = ""
     consts = "\n".join(f"    %c{i} = arith.constant {i} : index" for i in range(max(32, r)))
+    xr = "?" if prefill else str(r)
     shapes = {"QS": f"{ng}x{b}x{loads}x32xi8", "DS": f"{ng}x{b}x{G}xi16", "XQ": f"{r}x{b}x32xi8", "DX": f"{r}x{b}xf32"}
+    stores = []
+    for i in range(r):
+        acc = f"%acc#{i}" if r > 1 else "%acc0"
+        stores += [
+            f"      %ry{i} = arith.addi %r0, %c{i} : index",
+            f"      vector.store {acc}, %y[%ry{i}, %n0] : memref<{xr}x{n}xf32>, vector<8xf32>",
+        ]
     text = template("dot8_decode.mlir").substitute(
         **shapes,
-        NAME=name, NWG=str(-(-ng // per_wg)), PER_WG=str(per_wg), NG=str(ng), R=str(r), B=str(b),
-        K=str(k), N=str(n), CONSTS=consts, ITER_INIT=", ".join(f"%acc{i} = %zf" for i in range(r)),
+        NAME=name, PER_WG=str(per_wg), NG=str(ng), R=str(r), B=str(b), K=str(k), N=str(n), XR=xr,
+        WG_ARGS="%tp: index" if prefill else "",
+        WG_COUNT=(f"    %c{r}w = arith.constant {r} : index\n    %nwg = arith.constant {nwg} : index\n"
+                  f"    %tiles = arith.divui %tp, %c{r}w : index\n    %x = arith.muli %tiles, %nwg : index"
+                  if prefill else f"    %x = arith.constant {nwg} : index"),
+        WG_IDS=("    %id = stream.dispatch.workgroup.id[0] : index\n    %tiles = arith.divui %tp, %c8 : index\n"
+                "    %tile = arith.remui %id, %tiles : index\n    %wg = arith.divui %id, %tiles : index"
+                if prefill else "    %tile = arith.constant 0 : index\n    %wg = stream.dispatch.workgroup.id[0] : index"),
+        TP_ARG=", %tp: index" if prefill else "", TP="{%tp}" if prefill else "",
+        CONSTS=consts, ITER_INIT=", ".join(f"%acc{i} = %zf" for i in range(r)),
         ITER_TYPES=", ".join(["vector<8xf32>"] * r), YIELD=", ".join(f"%a{i}" for i in range(r)),
         YIELD_TYPES=", ".join(["vector<8xf32>"] * r), RESULTS=f"%acc:{r}" if r > 1 else "%acc0",
-        STORES="\n".join(
-            f"      vector.store {'%acc#' + str(i) if r > 1 else '%acc0'}, %y[%c{i}, %n0] : memref<{r}x{n}xf32>, vector<8xf32>"
-            for i in range(r)
-        ),
-        BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in planes),
+        STORES="\n".join(stores), BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in types),
         WM=("    %wm = stream.binding.subspan %b_m[%c0] : !stream.binding -> memref<${DS}>" if "m" in types else ""),
-        MSCALE=mscale, BODY=_load_lines(q, r),
-        ARGS=", ".join(f"%w_{p}: {types[p]}" for p in planes), OPERANDS=", ".join(f"%w_{p}" for p in planes),
-        OPERAND_TYPES=", ".join(types[p] for p in planes),
+        MSCALE=mscale, BODY=_load_lines(q, r), WRAPPER=wrapper,
     )  # fmt: skip
     for key, val in shapes.items():
         text = text.replace("${" + key + "}", val)
@@ -187,24 +247,3 @@ def render_decode(q: QuantType, n: int, k: int, rows: int = 0) -> str:
 
 def prefill_name(q: QuantType, n: int, k: int) -> str:
     return f"dot8_{q.name.lower()}_t_{n}x{k}"
-
-
-def render_prefill(q: QuantType, n: int, k: int) -> str:
-    """A private func `y[T, n] = x[T, k] @ W[n, k]^T`: the grouped planes dequantized to W^T
-    [k, n] f32 (k = 32 b + 16 h + 4 s + e for 4-bit, 32 b + 4 s + e for 8-bit), then a matmul."""
-    ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
-    types = plane_types(q, n, k)
-    lay = tiled.TILED_TYPES[q.name]
-    four = loads == 4
-    dims = "(g, b, s, i, e, h)" if four else "(g, b, s, i, e)"
-    maps = [f"affine_map<{dims} -> (g, b, s, i, e)>"] + [f"affine_map<{dims} -> (g, b, i)>"] * (len(types) - 1)
-    maps.append(f"affine_map<{dims} -> (b, {'h, ' if four else ''}s, e, g, i)>")
-    out_shape = f"{b}x2x4x4x{ng}x{G}" if four else f"{b}x8x4x{ng}x{G}"
-    bb = ", ".join(["%q: i8"] + [f"%{p}b: i16" for p in list(types)[1:]] + ["%o: f32"])
-    return template("tiled_prefill.mlir").substitute(
-        NAME=prefill_name(q, n, k), ARGS=", ".join(f"%w_{p}: {t}" for p, t in types.items()), N=str(n), K=str(k),
-        MAPS=", ".join(maps), ITERS=", ".join(['"parallel"'] * (6 if four else 5)),
-        INS=", ".join(f"%w_{p}" for p in types), IN_TYPES=", ".join(types.values()), OUT_SHAPE=out_shape, BB=bb,
-        SCALES=tiled.scales_lines(lay), WEIGHT=tiled.weight_lines(lay, 5, -1),
-        COLLAPSE="[[0, 1, 2, 3], [4, 5]]" if four else "[[0, 1, 2], [3, 4]]",
-    )  # fmt: skip

@@ -108,11 +108,11 @@ def _scale(bits: str, out: str) -> str:
     return f"      %{p}_w = arith.extui {bits} : i16 to i32\n" + f16_bits_to_f32(f"%{p}_w", out, "      ")
 
 
-def scales_lines(lay: TiledLayout) -> str:
+def _scales(lay: TiledLayout) -> str:
     return "\n".join(_scale(f"%{p}b", f"%{p}") for p in lay.planes[1:] if PLANE_TYPE[p] == "i16")
 
 
-def weight_lines(lay: TiledLayout, h_dim: int, j_dim: int) -> str:
+def _weight_lines(lay: TiledLayout, h_dim: int, j_dim: int) -> str:
     """Body lines computing `%wv` (the dequantized weight) from `%q`, `%d` (and `%m` or `%qhb`);
     `h_dim`/`j_dim` are the loop dims of the nibble half and of the element within the half."""
     if lay.qbytes == 32:
@@ -194,8 +194,8 @@ def render_decode(q: QuantType, n: int, k: int, rows: int = 0) -> str:
     return template("tiled_decode_batch.mlir" if rows else "tiled_decode.mlir").substitute(
         NAME=decode_name(q, n, k, rows), ARGS=args, N=str(n), K=str(k), NT=str(nt), TW=str(TW), R=str(rows),
         XSHAPE=xshape, XEXPAND=xexpand, INFO=_compilation_info(rank, min(rows, ROW_TILE)), MAPS=", ".join(maps),
-        ITERS=iters, INS=ins, IN_TYPES=in_types, BB=bb, SCALES=scales_lines(lay),
-        WEIGHT=weight_lines(lay, 3 + shift, 4 + shift),
+        ITERS=iters, INS=ins, IN_TYPES=in_types, BB=bb, SCALES=_scales(lay),
+        WEIGHT=_weight_lines(lay, 3 + shift, 4 + shift),
     )  # fmt: skip
 
 
@@ -221,9 +221,9 @@ def render_prefill(q: QuantType, n: int, k: int) -> str:
     in_types = ", ".join(types[p] for p in lay.planes)
     bb = ", ".join(["%q: i8"] + [f"%{p}b: {PLANE_TYPE[p]}" for p in lay.planes[1:]] + ["%o: f32"])
     iters = ", ".join(['"parallel"'] * (5 if four else 4))
-    weight = weight_lines(lay, 2, 3)
+    weight = _weight_lines(lay, 2, 3)
     collapse = "[[0, 1, 2], [3, 4]]" if four else "[[0, 1], [2, 3]]"
     return template("tiled_prefill.mlir").substitute(
         NAME=prefill_name(q, n, k), ARGS=args, N=str(n), K=str(k), MAPS=", ".join(maps), ITERS=iters,
-        INS=ins, IN_TYPES=in_types, OUT_SHAPE=out_shape, BB=bb, SCALES=scales_lines(lay), WEIGHT=weight, COLLAPSE=collapse,
+        INS=ins, IN_TYPES=in_types, OUT_SHAPE=out_shape, BB=bb, SCALES=_scales(lay), WEIGHT=weight, COLLAPSE=collapse,
     )  # fmt: skip

@@ -1,27 +1,33 @@
-// y[R, n] = x[R, k] @ W[n, k]^T with integer dot products (compiler/dot8.py): a dispatch written
-// by hand, R static (1 for one token, the bucket size for a decode batch). W is in groups of 8
-// rows, each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16
-// bits [groups, blocks, 8]. Each workgroup takes PER_WG groups: it quantizes x per 32-block to
-// int8 (d_x = max|x| / 127, q = round-to-even(x / d_x), s_x = d_x * sum q), then per block and
-// row multiplies bytes with vpmaddubsw (pairs into i16), adds pairs into i32 with vpmaddwd, and
-// accumulates d_w d_x sum (+ m_w s_x) in f32, 8 output rows per vector.
-// Placeholders: NAME, NWG, PER_WG, NG, R, B, K, N, CONSTS, QS, DS, XQ, DX, BINDINGS, WM, MSCALE,
-// BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES, ARGS, OPERANDS, OPERAND_TYPES.
+// y[T, n] = x[T, k] @ W[n, k]^T with integer dot products (compiler/dot8.py): a dispatch written
+// by hand. Decode: T = R static (1 for one token, the bucket size for a batch), one tile of R
+// rows. Prefill: T = ? padded to a multiple of R = 8, tiles of 8 rows. The grid is 1-D (IREE's
+// CPU runtime spreads workgroups over its threads along x): workgroup id = group chunk * tiles +
+// tile, so neighbouring workgroups read the same weights from cache. W is in groups of 8 rows,
+// each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16 bits
+// [groups, blocks, 8]. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
+// per 32-block to int8 (d_x = max|x| / 127, q = round-to-even(x / d_x), s_x = d_x * sum q), then
+// per block and row multiplies bytes with vpmaddubsw (pairs into i16), adds pairs into i32 with
+// vpmaddwd, and accumulates d_w d_x sum (+ m_w s_x) in f32, 8 output rows per vector.
+// Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
+// XQ, DX, BINDINGS, WM, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
+// WRAPPER (the private func that dispatches it).
 stream.executable private @${NAME}_ex {
-  stream.executable.export public @${NAME} workgroups() -> (index, index, index) {
-    %x = arith.constant ${NWG} : index
+  stream.executable.export public @${NAME} workgroups(${WG_ARGS}) -> (index, index, index) {
+${WG_COUNT}
     %c1 = arith.constant 1 : index
     stream.return %x, %c1, %c1 : index, index, index
   }
   builtin.module {
-    func.func @${NAME}(${BINDINGS}, %b_x: !stream.binding, %b_y: !stream.binding) {
+    func.func @${NAME}(${BINDINGS}, %b_x: !stream.binding, %b_y: !stream.binding${TP_ARG}) {
 ${CONSTS}
     %wq = stream.binding.subspan %b_qs[%c0] : !stream.binding -> memref<${QS}>
     %wd = stream.binding.subspan %b_d[%c0] : !stream.binding -> memref<${DS}>
 ${WM}
-    %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<${R}x${B}x32xf32>
-    %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<${R}x${N}xf32>
-    %wg = stream.dispatch.workgroup.id[0] : index
+    %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<${XR}x${B}x32xf32>${TP}
+    %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<${XR}x${N}xf32>${TP}
+${WG_IDS}
+    %cRt = arith.constant ${R} : index
+    %r0 = arith.muli %tile, %cRt : index
     %cR = arith.constant ${R} : index
     %cB = arith.constant ${B} : index
     %cNG = arith.constant ${NG} : index
@@ -33,7 +39,8 @@ ${WM}
     %fmax = arith.constant 127.0 : f32
     scf.for %r = %c0 to %cR step %c1 {
       scf.for %b = %c0 to %cB step %c1 {
-        %v = vector.load %x[%r, %b, %c0] : memref<${R}x${B}x32xf32>, vector<32xf32>
+        %rx = arith.addi %r0, %r : index
+        %v = vector.load %x[%rx, %b, %c0] : memref<${XR}x${B}x32xf32>, vector<32xf32>
         %av = math.absf %v : vector<32xf32>
         %mx = vector.reduction <maxnumf>, %av : vector<32xf32> into f32
         %d = arith.divf %mx, %fmax : f32
@@ -77,8 +84,4 @@ ${STORES}
     }
   }
 }
-func.func private @${NAME}(${ARGS}, %x: tensor<${R}x${K}xf32>) -> tensor<${R}x${N}xf32> {
-  %xb = tensor.expand_shape %x [[0], [1, 2]] output_shape [${R}, ${B}, 32] : tensor<${R}x${K}xf32> into tensor<${R}x${B}x32xf32>
-  %y = flow.dispatch @${NAME}_ex::@${NAME}(${OPERANDS}, %xb) : (${OPERAND_TYPES}, tensor<${R}x${B}x32xf32>) -> tensor<${R}x${N}xf32>
-  return %y : tensor<${R}x${N}xf32>
-}
+${WRAPPER}

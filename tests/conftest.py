@@ -66,14 +66,14 @@ SessionFactory = Callable[[Path, str], ModelSession]
 
 def reference_model(path: Path, device: str) -> ReferenceModel:
     """The numpy oracle for a model compiled for `device`: on the CPU with the integer
-    dot-product kernels, its one-row matmuls take Q8 activations as those kernels do.
+    dot-product kernels, its matmuls round activations to Q8 as those kernels do.
 
-    That makes the first prompt's logits match to f32 rounding. After a decode step the two
-    drift apart by more: rounding to Q8 is discontinuous, so float64-vs-f32 differences flip
-    some rounded values, and those flips grow through the layers (about 1e-3 of the largest
-    logit on the 2-layer fixtures, 3e-2 on SmolLM2's 30). Tests allow that much after a decode
-    (`TOL_Q8`); tests/kernels/test_dot8_kernels.py checks the kernels themselves exactly."""
-    return ReferenceModel(open_gguf(path), q8_rows=device.startswith("cpu") and dot8.enabled())
+    The two still drift apart by more than f32 rounding: rounding to Q8 is discontinuous, so
+    float64-vs-f32 differences flip some rounded values, and the flips grow through the layers
+    (about 1e-3 of the largest logit on the 2-layer fixtures, 3e-2 on SmolLM2's 30). The model
+    tests allow that much (`TOL_Q8`); tests/kernels/test_dot8_kernels.py checks the kernels
+    themselves to f32 accuracy, and the golden tests check tokens against llama.cpp."""
+    return ReferenceModel(open_gguf(path), q8_activations=device.startswith("cpu") and dot8.enabled())
 
 
 @pytest.fixture(scope="session")

@@ -2,11 +2,13 @@
 
 Same rule as the SmolLM2 golden test (tests/golden/test_golden_smollm2.py): tokens match exactly
 until the first step where llama.cpp's own top-1/top-2 gap is below NEAR_TIE, and a divergence
-there must pick llama.cpp's runner-up. Observed on CPU: the France prompt agrees for 15 tokens
-and then takes the runner-up at a 0.11 near-tie; the code and counting prompts agree for all 32.
+there must pick llama.cpp's runner-up. Observed on CPU: the France prompt agrees for 11 tokens
+and then takes the runner-up at a 0.035 near-tie (with the integer dot-product kernels, which
+round activations to Q8 as llama.cpp does; with f32 activations it agreed for 15 tokens, up to a
+0.11 near-tie); the code and counting prompts agree for all 32.
 llama.cpp's 8-bit activations move its first-step logits by up to 0.72 from zinc's exact ones
-(the code prompt), so the logit check allows TOP1_TOL = 1.0 (zinc's own logits equal the float64
-reference to 1e-6, tests/model/test_gemma3_numerics.py).
+(the code prompt), so the logit check allows TOP1_TOL = 1.0 (tests/model/test_gemma3_numerics.py
+compares zinc's logits with the float64 reference).
 Lavapipe is slow on this model (measured on 2 busy cores: compile about 60 s, the 6-token prefill
 30-100 s, each decode step with its 262k-token Q8_0 head 10-20 s; the whole Vulkan case took
 143 s), so it checks the first prompt's first VULKAN_TOKENS tokens only.
@@ -47,5 +49,8 @@ def test_gemma3_greedy_matches_llama_cpp(device: str, gemma3: Path, open_session
     matched = []
     for prompt in prompts:
         matched.append(run_prompt(session, prompt, n, TOP1_TOL))
-    # the France prompt's first near-tie (0.11) is at token 15; the others agree throughout
-    assert matched == ([15, 32, 32] if device != "vulkan" else [VULKAN_TOKENS]), matched
+    # the France prompt meets near-ties at tokens 11 (0.035) and 15 (0.11); the others agree throughout
+    if device == "vulkan":
+        assert matched == [VULKAN_TOKENS], matched
+    else:
+        assert matched[0] in (11, 15) and matched[1:] == [32, 32], matched

@@ -18,7 +18,7 @@ from zinc.model.gguf_file import resolve_model
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4  # max |logit error| / max |logit|; observed 1.5e-6
-TOL_Q8 = 1e-2  # decode with Q8 activations on its Q8_0 / Q4_0 weights (observed 2.4e-3), see tests/conftest.py
+TOL_Q8 = 1e-2  # Q8 activations on its Q8_0 / Q4_0 weights (CPU on AVX2), see tests/conftest.py
 
 
 def test_gemma3_matches_reference(open_session: SessionFactory) -> None:
@@ -31,11 +31,11 @@ def test_gemma3_matches_reference(open_session: SessionFactory) -> None:
     prompt = [2, 818, 5279, 529, 7001, 563]  # "<bos>The capital of France is"
     step = session.prefill(prompt)
     expect = ref.forward(prompt)[-1]
-    assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < TOL
+    assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < (TOL_Q8 if ref.q8_activations else TOL)
     assert step.token == int(np.argmax(expect)) == 506  # " the"
     pos = len(prompt)
     for token in (506, 5279):
         step = session.decode(token, pos)
         pos += 1
         expect = ref.forward([token])[-1]
-        assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < (TOL_Q8 if ref.q8_rows else TOL)
+        assert np.abs(step.logits() - expect).max() / np.abs(expect).max() < (TOL_Q8 if ref.q8_activations else TOL)

@@ -5,11 +5,10 @@ same math as the compiled graph, written plainly (llama2.c's `forward`, in numpy
 block at a time with its own KV cache. It follows the recipe in `HParams` (llama, qwen2, qwen3,
 gemma3): NEOX or adjacent-pair RoPE with per-layer bases, q/k/v biases, per-head QK RMSNorm,
 post-norms, SwiGLU or tanh-GELU gating, sliding-window layers, embedding and query scales and
-final logit softcapping. With `q8_rows`, it also follows the CPU's integer dot-product kernels
-(`compiler/dot8.py`): where a matmul runs over a single row (decode) or is the output projection,
-and the weight is Q4_0, Q4_1 or Q8_0 with rows in groups of 8, the activations are first rounded
-to Q8 per 32-block, as those kernels (and llama.cpp) do. Slow by design; used by tests and for
-debugging.
+final logit softcapping. With `q8_activations`, it also follows the CPU's integer dot-product
+kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1 or Q8_0 with rows in groups of 8,
+a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
+do. Slow by design; used by tests and for debugging.
 Imports: numpy, gguf, zinc.model.
 """
 
@@ -25,7 +24,7 @@ from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import describe
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
-Q8_WEIGHTS = ("Q4_0", "Q4_1", "Q8_0")  # the types whose one-row matmuls take Q8 activations on the CPU
+Q8_WEIGHTS = ("Q4_0", "Q4_1", "Q8_0")  # the types whose matmuls take Q8 activations on the CPU
 
 
 def q8_round(x: F64) -> F64:
@@ -48,13 +47,12 @@ def silu(x: F64) -> F64:
 
 
 class ReferenceModel:
-    def __init__(self, model: GGUFModel, q8_rows: bool = False) -> None:
+    def __init__(self, model: GGUFModel, q8_activations: bool = False) -> None:
         self.hp = describe(model).hparams
         reader = GGUFReader(model.path, "r")
         self.w: dict[str, F64] = {}
-        self.q8_rows = q8_rows
-        self.q8_weights: set[str] = set()  # weights whose one-row matmuls take Q8 activations
-        self.one_row = False  # set by `forward` for a single-token step
+        self.q8_activations = q8_activations
+        self.q8_weights: set[str] = set()  # weights whose matmuls take Q8 activations
         for t in reader.tensors:
             if t.tensor_type.name in Q8_WEIGHTS and len(t.shape) == 2 and int(t.shape[1]) % 8 == 0:
                 self.q8_weights.add(t.name)
@@ -101,9 +99,9 @@ class ReferenceModel:
             y = self._rms(y, w[p + name + "_norm.weight"])
         return y
 
-    def _mm(self, x: F64, name: str, one_row: bool | None = None) -> F64:
+    def _mm(self, x: F64, name: str) -> F64:
         """x @ W^T, the activations rounded to Q8 first where the CPU kernels do that."""
-        if self.q8_rows and (self.one_row if one_row is None else one_row) and name in self.q8_weights:
+        if self.q8_activations and name in self.q8_weights:
             x = q8_round(x)
         return np.asarray(x @ self.w[name].T)
 
@@ -127,7 +125,6 @@ class ReferenceModel:
         hp, w = self.hp, self.w
         start = self.k.shape[1]
         pos = np.arange(start, start + len(ids), dtype=np.float64)
-        self.one_row = len(ids) == 1
         x = w["token_embd.weight"][ids] * hp.embedding_scale  # [T, d]
         ks, vs = [], []
         for il in range(hp.block_count):
@@ -151,7 +148,7 @@ class ReferenceModel:
             x = x + ffn
         self.k, self.v = np.stack(ks), np.stack(vs)
         out = "token_embd.weight" if hp.tied_output else "output.weight"
-        logits = self._mm(self._rms(x, w["output_norm.weight"]), out, one_row=True)  # a row at a time
+        logits = self._mm(self._rms(x, w["output_norm.weight"]), out)
         if hp.final_logit_softcapping:
             cap = hp.final_logit_softcapping
             logits = cap * np.tanh(logits / cap)
