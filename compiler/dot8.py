@@ -1,12 +1,13 @@
-"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): the decode path of Q4_0, Q4_1, Q8_0.
+"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q8_0, Q4_K and Q6_K.
 
 Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_INT8` is not 0),
 the grouped weight layout (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a
-group side by side, 4 bytes of each row at a time) and the kernels that read it:
+group side by side, 4 bytes of each row at a time; Q4_K and Q6_K are unpacked into 32-blocks with
+f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
   - decode (`render_decode`, one token or a static batch of rows): a hand-written dispatch
     (`mlir/dot8_decode.mlir`, a `stream.executable` IREE compiles as it is). Each workgroup first
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
-    and the block sum for Q4_1 / Q4_0, as llama.cpp's Q8_1 / Q8_0 activations), then multiplies
+    and the block sum for the types with a minimum or offset, as llama.cpp's Q8_1 / Q8_0), then multiplies
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics), 8 output rows per vector, scales in f32;
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
@@ -27,7 +28,10 @@ import numpy as np
 from zinc.compiler.kernels import QuantType, template
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
-DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}  # type -> 32-byte loads per block of a group
+DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}  # type -> 32-byte loads per block
+# scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's weights are
+# signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
+F32_SCALES = ("Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 TARGET_WORKGROUPS = 16  # workgroups per dispatch: each quantizes the activations once
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
@@ -51,34 +55,73 @@ def enabled() -> bool:
 
 
 def supports(q: QuantType, n: int, k: int) -> bool:
-    return q.name in DOT8_TYPES and n % G == 0 and k % 32 == 0
+    return q.name in DOT8_TYPES and n % G == 0 and k % q.block == 0
 
 
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], f16-bit scales
     [n/8, k/32, 8 rows] (and the Q4_1 minimums, the same)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
-    out = {"qs": f"tensor<{ng}x{b}x{loads}x{G}x4xi8>", "d": f"tensor<{ng}x{b}x{G}xi16>"}
-    if q.name == "Q4_1":
+    scale = "f32" if q.name in F32_SCALES else "i16"
+    out = {"qs": f"tensor<{ng}x{b}x{loads}x{G}x4xi8>", "d": f"tensor<{ng}x{b}x{G}x{scale}>"}
+    if q.name in ("Q4_1", "Q4_K"):
         out["m"] = out["d"]
+    if q.name == "Q6_K":
+        out["d2"] = out["d"]
     return out
 
 
 def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
     """The planes of one GGUF tensor (`raw`: its bytes); scales stay f16 bits, sizes equal GGUF's."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
+    if q.name == "Q4_K":
+        return _repack_q4_k(raw, n, k)
+    if q.name == "Q6_K":
+        return _repack_q6_k(raw, n, k)
     blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
     head = 4 if q.name == "Q4_1" else 2  # bytes of scales before the quants
-    qs = blocks[:, :, head:].reshape(ng, G, b, loads, 4).transpose(0, 2, 3, 1, 4)
+    qs = _group(blocks[:, :, head:], ng, b, loads)
 
     def scale(lo: int) -> np.ndarray[Any, Any]:
         bits = blocks[:, :, lo : lo + 2].copy().view(np.int16)[..., 0]
         return np.ascontiguousarray(bits.reshape(ng, G, b).transpose(0, 2, 1))
 
-    out = {"qs": np.ascontiguousarray(qs).view(np.int8), "d": scale(0)}
+    out = {"qs": qs, "d": scale(0)}
     if q.name == "Q4_1":
         out["m"] = scale(2)
     return out
+
+
+def _group(qs: np.ndarray[Any, Any], ng: int, b: int, loads: int) -> np.ndarray[Any, Any]:
+    """Quant bytes [n, b, 4 * loads] -> [n/8, b, loads, 8 rows, 4 bytes]."""
+    grouped = qs.reshape(ng, G, b, loads, 4).transpose(0, 2, 3, 1, 4)
+    return np.ascontiguousarray(grouped).view(np.int8)
+
+
+def _repack_q4_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Q4_K super-blocks (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
+    nibbles: chunk c of 64 weights is 32 bytes, low nibbles first) as Q4_1-like 32-blocks:
+    nibbles re-paired (byte i = element i | element 16 + i << 4), scale d * sc and min
+    -dmin * m in f32 (both exact products)."""
+    nb, b, ng = k // 256, k // 32, n // G
+    blocks = np.ascontiguousarray(raw).reshape(n, nb, 144)
+    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    s = blocks[:, :, 4:16]
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
+    q = blocks[:, :, 16:].reshape(n, nb, 4, 1, 32)
+    vals = np.concatenate([q & 15, q >> 4], axis=3).reshape(n, b, 32)  # sub-block 2c: low, 2c + 1: high
+    packed = (vals[..., :16] | (vals[..., 16:] << 4)).astype(np.uint8)
+
+    def plane(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:  # [n, b] -> [n/8, b, 8]
+        return np.ascontiguousarray(a.reshape(ng, G, b).transpose(0, 2, 1)).astype(np.float32)
+
+    return {
+        "qs": _group(packed, ng, b, 4),
+        "d": plane(d[..., None] * sc.astype(np.float32)),
+        "m": plane(-(dmin[..., None] * mn.astype(np.float32))),
+    }
 
 
 def decode_name(q: QuantType, n: int, k: int, rows: int = 0) -> str:
@@ -89,6 +132,8 @@ def _load_lines(q: QuantType, rows: int) -> str:
     """Per block of a group: the 32-byte loads, and per row the i16 (4-bit) or i32 (8-bit) sums."""
     lines: list[str] = []
     four = DOT8_TYPES[q.name] == 4
+    halves16 = q.name == "Q6_K"
+    first = ""
     for s in range(DOT8_TYPES[q.name]):
         lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
         if four:
@@ -115,19 +160,30 @@ def _load_lines(q: QuantType, rows: int) -> str:
                     f"%u{r}_{xs} = {_intr('pmadd.ub.sw', f'%aw{s}', f'%sx{r}_{xs}', '32xi8', '16xi16')}",
                     f"{p} = {_intr('pmadd.wd', f'%u{r}_{xs}', '%ones', '16xi16', '8xi32')}",
                 ]
-            if acc:  # 4-bit: 8 pair sums of at most 2 * 15 * 127 each fit in i16
+            if acc and not (halves16 and xs == 4):  # 4-bit: 8 pair sums of at most 2 * 15 * 127 fit in i16
                 lines.append(f"%s{r}_{xs} = arith.addi {acc}, {p} : vector<{'16xi16' if four else '8xi32'}>")
                 acc = f"%s{r}_{xs}"
-            else:
-                acc = p
+            else:  # Q6_K: the second 16 weights of the block start a second sum (their own scale)
+                first, acc = acc, p
         if four:  # the i16 sums of each row's 4-byte groups, added pairwise into i32
             lines.append(f"%i{r} = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
             acc = f"%i{r}"
         lines += [
-            f"%f{r} = arith.sitofp {acc} : vector<8xi32> to vector<8xf32>",
             f"%dx{r} = memref.load %dx[%c{r}, %b] : memref<${{DX}}>",
             f"%dxv{r} = vector.broadcast %dx{r} : f32 to vector<8xf32>",
             f"%t{r} = arith.mulf %dw, %dxv{r} : vector<8xf32>",
+        ]
+        if halves16:
+            lines += [
+                f"%fa{r} = arith.sitofp {first} : vector<8xi32> to vector<8xf32>",
+                f"%ax{r} = math.fma %fa{r}, %t{r}, %acc{r} : vector<8xf32>",
+                f"%f{r} = arith.sitofp {acc} : vector<8xi32> to vector<8xf32>",
+                f"%t2{r} = arith.mulf %d2w, %dxv{r} : vector<8xf32>",
+                f"%a{r} = math.fma %f{r}, %t2{r}, %ax{r} : vector<8xf32>",
+            ]
+            continue
+        lines += [
+            f"%f{r} = arith.sitofp {acc} : vector<8xi32> to vector<8xf32>",
             f"%a{r}{'' if q.name == 'Q8_0' else 'x'} = math.fma %f{r}, %t{r}, %acc{r} : vector<8xf32>",
         ]
         if q.name != "Q8_0":  # + m * sum(x) (Q4_1) or - 8 d * sum(x) (Q4_0), sum(x) as d_x * sum(q_x)
@@ -189,6 +245,39 @@ def render_prefill(q: QuantType, n: int, k: int) -> str:
     return _render(q, n, k, name, PREFILL_ROWS, wrapper, prefill=True)
 
 
+def _scale_load(q: QuantType, plane: str, out: str) -> str:
+    """Lines loading the 8 rows' scales of block %b of group %g from `plane` as f32 `out`."""
+    if q.name in F32_SCALES:
+        return f"{out} = vector.load {plane}[%g, %b, %c0] : memref<${{DS}}>, vector<8xf32>"
+    p = out.lstrip("%")
+    return (
+        f"%{p}bits = vector.load {plane}[%g, %b, %c0] : memref<${{DS}}>, vector<8xi16>\n"
+        f"          %{p}h = arith.bitcast %{p}bits : vector<8xi16> to vector<8xf16>\n"
+        f"          {out} = arith.extf %{p}h : vector<8xf16> to vector<8xf32>"
+    )
+
+
+def _repack_q6_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Q6_K super-blocks (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d)
+    as signed bytes q - 32 in weight order, with the scale d * sc of each 16 weights in f32."""
+    nb, b, ng = k // 256, k // 32, n // G
+    blocks = np.ascontiguousarray(raw).reshape(n, nb, 210)
+    ql = blocks[:, :, 0:128].reshape(n, nb, 2, 2, 32)  # [half, l >= 32, l]
+    qh = blocks[:, :, 128:192].reshape(n, nb, 2, 1, 32)  # [half, l]
+    sc = blocks[:, :, 192:208].view(np.int8).astype(np.float32)  # [n, nb, 16]
+    d = blocks[:, :, 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
+    low = np.concatenate([ql & 15, ql >> 4], axis=3)  # [half, 4 quarters of 32, l]: quarter j = l + 32 j
+    high = np.concatenate([(qh >> (2 * j)) & 3 for j in range(4)], axis=3)
+    q = (low | (high << 4)).astype(np.int16) - 32  # [n, nb, 2, 4, 32] = weight order
+    scale = (d[..., None] * sc).reshape(n, b, 2)  # [n, 32-block, half]
+
+    def plane(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:  # [n, b] -> [n/8, b, 8]
+        return np.ascontiguousarray(a.reshape(ng, G, b).transpose(0, 2, 1)).astype(np.float32)
+
+    qs = q.astype(np.int8).view(np.uint8).reshape(n, b, 32)
+    return {"qs": _group(qs, ng, b, 8), "d": plane(scale[..., 0]), "d2": plane(scale[..., 1])}
+
+
 def _args(q: QuantType, n: int, k: int) -> str:
     return ", ".join(f"%w_{p}: {t}" for p, t in plane_types(q, n, k).items())
 
@@ -203,18 +292,19 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
     per_wg = max(1, -(-ng // TARGET_WORKGROUPS))
     nwg = -(-ng // per_wg)
     types = plane_types(q, n, k)
-    if q.name == "Q4_1":
-        mscale = "%mbits = vector.load %wm[%g, %b, %c0] : memref<${DS}>, vector<8xi16>\n" + (
-            "          %mh = arith.bitcast %mbits : vector<8xi16> to vector<8xf16>\n"
-            "          %mw = arith.extf %mh : vector<8xf16> to vector<8xf32>"
-        )
+    dscale = _scale_load(q, "%wd", "%dw")
+    if q.name == "Q6_K":
+        mscale = _scale_load(q, "%wd2", "%d2w")
+    elif q.name in ("Q4_1", "Q4_K"):
+        mscale = _scale_load(q, "%wm", "%mw")
     elif q.name == "Q4_0":
         mscale = "%mw = arith.mulf %dw, %m8 : vector<8xf32>"
     else:
         mscale = ""
     consts = "\n".join(f"    %c{i} = arith.constant {i} : index" for i in range(max(32, r)))
     xr = "?" if prefill else str(r)
-    shapes = {"QS": f"{ng}x{b}x{loads}x32xi8", "DS": f"{ng}x{b}x{G}xi16", "XQ": f"{r}x{b}x32xi8", "DX": f"{r}x{b}xf32"}
+    scale = "f32" if q.name in F32_SCALES else "i16"
+    shapes = {"QS": f"{ng}x{b}x{loads}x32xi8", "DS": f"{ng}x{b}x{G}x{scale}", "XQ": f"{r}x{b}x32xi8", "DX": f"{r}x{b}xf32"}
     stores = []
     for i in range(r):
         acc = f"%acc#{i}" if r > 1 else "%acc0"
@@ -237,8 +327,11 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
         ITER_TYPES=", ".join(["vector<8xf32>"] * r), YIELD=", ".join(f"%a{i}" for i in range(r)),
         YIELD_TYPES=", ".join(["vector<8xf32>"] * r), RESULTS=f"%acc:{r}" if r > 1 else "%acc0",
         STORES="\n".join(stores), BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in types),
-        WM=("    %wm = stream.binding.subspan %b_m[%c0] : !stream.binding -> memref<${DS}>" if "m" in types else ""),
-        MSCALE=mscale, BODY=_load_lines(q, r), WRAPPER=wrapper,
+        WM="\n".join(
+            f"    %w{p} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<${{DS}}>"
+            for p in ("m", "d2") if p in types
+        ),
+        DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r), WRAPPER=wrapper,
     )  # fmt: skip
     for key, val in shapes.items():
         text = text.replace("${" + key + "}", val)

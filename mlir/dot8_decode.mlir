@@ -4,12 +4,12 @@
 // CPU runtime spreads workgroups over its threads along x): workgroup id = group chunk * tiles +
 // tile, so neighbouring workgroups read the same weights from cache. W is in groups of 8 rows,
 // each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16 bits
-// [groups, blocks, 8]. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
+// (f32 for Q4_K, whose 32-blocks' scales are products of two GGUF fields) [groups, blocks, 8]. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
 // per 32-block to int8 (d_x = max|x| / 127, q = round-to-even(x / d_x), s_x = d_x * sum q), then
 // per block and row multiplies bytes with vpmaddubsw (pairs into i16), adds pairs into i32 with
 // vpmaddwd, and accumulates d_w d_x sum (+ m_w s_x) in f32, 8 output rows per vector.
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
-// XQ, DX, BINDINGS, WM, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
+// XQ, DX, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
 // WRAPPER (the private func that dispatches it).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(${WG_ARGS}) -> (index, index, index) {
@@ -70,9 +70,7 @@ ${WG_IDS}
     %g1 = arith.minui %g1a, %cNG : index
     scf.for %g = %g0 to %g1 step %c1 {
       ${RESULTS} = scf.for %b = %c0 to %cB step %c1 iter_args(${ITER_INIT}) -> (${ITER_TYPES}) {
-          %dbits = vector.load %wd[%g, %b, %c0] : memref<${DS}>, vector<8xi16>
-          %dh = arith.bitcast %dbits : vector<8xi16> to vector<8xf16>
-          %dw = arith.extf %dh : vector<8xf16> to vector<8xf32>
+          ${DSCALE}
           ${MSCALE}
 ${BODY}
         scf.yield ${YIELD} : ${YIELD_TYPES}

@@ -2,10 +2,12 @@
 
 Same rule as the SmolLM2 golden test (tests/golden/test_golden_smollm2.py): tokens match exactly
 until the first step where llama.cpp's own top-1/top-2 gap is below NEAR_TIE, and a divergence
-there must pick llama.cpp's runner-up. Observed on CPU: the France prompt agrees for 11 tokens
-and then takes the runner-up at a 0.035 near-tie (with the integer dot-product kernels, which
-round activations to Q8 as llama.cpp does; with f32 activations it agreed for 15 tokens, up to a
-0.11 near-tie); the code and counting prompts agree for all 32.
+there must pick llama.cpp's runner-up. Which near-tie a prompt meets first depends on the
+kernels' rounding: with f32 activations the France prompt agreed for 15 tokens (a 0.11 near-tie)
+and the others for all 32; with the integer dot-product kernels on an AVX2 CPU (activations
+rounded to Q8 per 32 weights, llama.cpp rounds its Q4_K activations per 256) the France and
+counting prompts agree for all 32 and the code prompt for 23 (a near-tie there). The test asks
+for at least 11 tokens of every prompt, the first near-tie any of these runs met (0.035).
 llama.cpp's 8-bit activations move its first-step logits by up to 0.72 from zinc's exact ones
 (the code prompt), so the logit check allows TOP1_TOL = 1.0 (tests/model/test_gemma3_numerics.py
 compares zinc's logits with the float64 reference).
@@ -49,8 +51,4 @@ def test_gemma3_greedy_matches_llama_cpp(device: str, gemma3: Path, open_session
     matched = []
     for prompt in prompts:
         matched.append(run_prompt(session, prompt, n, TOP1_TOL))
-    # the France prompt meets near-ties at tokens 11 (0.035) and 15 (0.11); the others agree throughout
-    if device == "vulkan":
-        assert matched == [VULKAN_TOKENS], matched
-    else:
-        assert matched[0] in (11, 15) and matched[1:] == [32, 32], matched
+    assert min(matched) >= (11 if device != "vulkan" else VULKAN_TOKENS), matched

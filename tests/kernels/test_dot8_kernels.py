@@ -14,6 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from tests.conftest import DEVICES, device_params
+from tests.kernels.test_quant_kernels import random_blocks
 from zinc.compiler import dot8
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.compiler.targets import compile_mlir
@@ -22,6 +23,7 @@ from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
 SHAPES = [(64, 128), (40, 32), (8, 576), (136, 96)]  # N a multiple of 8 (groups), K of 32 (blocks)
+K_SHAPES = [(16, 256), (40, 768)]  # for Q4_K and Q6_K: K a multiple of its 256-weight super-block
 pytestmark = pytest.mark.skipif(not dot8.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
 
 
@@ -53,12 +55,15 @@ def test_dot8_kernels_match_dequantize(qtype: str, device: str) -> None:
     spec = DEVICES[device]()
     q = QUANT_TYPES[qtype]
     rng = np.random.default_rng(5)
-    for n, k in SHAPES:
+    for n, k in K_SHAPES if q.block == 256 else SHAPES:
         w = rng.standard_normal((n, k)).astype(np.float32)
-        raw = quants.quantize(w, GGMLQuantizationType[qtype])
+        raw = (
+            random_blocks(qtype, n, k, rng) if q.block == 256 else quants.quantize(w, GGMLQuantizationType[qtype])
+        )
         ref_w = quants.dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
         planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
-        assert sum(p.nbytes for p in planes.values()) == raw.nbytes  # a byte shuffle, same size
+        if q.block == 32:  # a byte shuffle, same size (Q4_K: f32 scale and min per 32 weights)
+            assert sum(p.nbytes for p in planes.values()) == raw.nbytes
         mod = LoadedModule(
             compile_mlir(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
         )
@@ -89,6 +94,9 @@ def test_dot8_layout_applies_to_whole_groups_of_the_byte_types() -> None:
     q41 = QUANT_TYPES["Q4_1"]
     assert dot8.supports(q41, 40, 64) and not dot8.supports(q41, 36, 64)
     assert not dot8.supports(QUANT_TYPES["Q5_0"], 64, 64) and not dot8.supports(QUANT_TYPES["F16"], 64, 64)
+    q4k = QUANT_TYPES["Q4_K"]
+    assert dot8.supports(q4k, 16, 512) and not dot8.supports(q4k, 16, 96)
+    assert dot8.supports(QUANT_TYPES["Q6_K"], 8, 256)
 
 
 def test_int8_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

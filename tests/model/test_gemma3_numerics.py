@@ -18,7 +18,7 @@ from zinc.model.gguf_file import resolve_model
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4  # max |logit error| / max |logit|; observed 1.5e-6
-TOL_Q8 = 1e-2  # Q8 activations on its Q8_0 / Q4_0 weights (CPU on AVX2), see tests/conftest.py
+TOL_Q8 = 3e-2  # Q8 activations on its Q8_0 / Q4_K weights (CPU on AVX2; observed 1.6e-2), see tests/conftest.py
 
 
 def test_gemma3_matches_reference(open_session: SessionFactory) -> None:
