@@ -59,8 +59,9 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 
 
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
-    """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], f16-bit scales
-    [n/8, k/32, 8 rows] (and the Q4_1 minimums, the same)."""
+    """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
+    [n/8, k/32, 8 rows] as f16 bits (f32 for Q4_K and Q6_K), and the same again for the
+    minimums of Q4_1 and Q4_K (`m`) or the second 16 weights' scales of Q6_K (`d2`)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     scale = "f32" if q.name in F32_SCALES else "i16"
     out = {"qs": f"tensor<{ng}x{b}x{loads}x{G}x4xi8>", "d": f"tensor<{ng}x{b}x{G}x{scale}>"}
@@ -72,7 +73,8 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
 
 
 def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """The planes of one GGUF tensor (`raw`: its bytes); scales stay f16 bits, sizes equal GGUF's."""
+    """The planes of one GGUF tensor (`raw`: its bytes). For the 32-weight block types a byte
+    shuffle (scales stay f16 bits, sizes equal GGUF's); K-quants are unpacked, see below."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     if q.name == "Q4_K":
         return _repack_q4_k(raw, n, k)
@@ -137,7 +139,10 @@ def _load_lines(q: QuantType, rows: int) -> str:
     for s in range(DOT8_TYPES[q.name]):
         lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
         if four:
-            lines += [f"%lo{s} = arith.andi %w{s}, %m15 : vector<32xi8>", f"%hi{s} = arith.shrui %w{s}, %c4v : vector<32xi8>"]
+            lines += [
+                f"%lo{s} = arith.andi %w{s}, %m15 : vector<32xi8>",
+                f"%hi{s} = arith.shrui %w{s}, %c4v : vector<32xi8>",
+            ]
         else:
             lines.append(f"%aw{s} = math.absi %w{s} : vector<32xi8>")
     for r in range(rows):
@@ -304,7 +309,12 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
     consts = "\n".join(f"    %c{i} = arith.constant {i} : index" for i in range(max(32, r)))
     xr = "?" if prefill else str(r)
     scale = "f32" if q.name in F32_SCALES else "i16"
-    shapes = {"QS": f"{ng}x{b}x{loads}x32xi8", "DS": f"{ng}x{b}x{G}x{scale}", "XQ": f"{r}x{b}x32xi8", "DX": f"{r}x{b}xf32"}
+    shapes = {
+        "QS": f"{ng}x{b}x{loads}x32xi8",
+        "DS": f"{ng}x{b}x{G}x{scale}",
+        "XQ": f"{r}x{b}x32xi8",
+        "DX": f"{r}x{b}xf32",
+    }
     stores = []
     for i in range(r):
         acc = f"%acc#{i}" if r > 1 else "%acc0"

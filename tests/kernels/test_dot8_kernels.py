@@ -58,7 +58,9 @@ def test_dot8_kernels_match_dequantize(qtype: str, device: str) -> None:
     for n, k in K_SHAPES if q.block == 256 else SHAPES:
         w = rng.standard_normal((n, k)).astype(np.float32)
         raw = (
-            random_blocks(qtype, n, k, rng) if q.block == 256 else quants.quantize(w, GGMLQuantizationType[qtype])
+            random_blocks(qtype, n, k, rng)
+            if q.block == 256
+            else quants.quantize(w, GGMLQuantizationType[qtype])
         )
         ref_w = quants.dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
         planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)

@@ -24,7 +24,13 @@ from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import describe
 
 F64 = np.ndarray[Any, np.dtype[np.float64]]
-Q8_WEIGHTS = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")  # the types whose matmuls take Q8 activations on the CPU
+Q8_WEIGHTS = (
+    "Q4_0",
+    "Q4_1",
+    "Q8_0",
+    "Q4_K",
+    "Q6_K",
+)  # the types whose matmuls take Q8 activations on the CPU
 
 
 def q8_round(x: F64) -> F64:
