@@ -5,7 +5,7 @@
 // tile, so neighbouring workgroups read the same weights from cache. W is in groups of 8 rows,
 // each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16 bits
 // (f32 for Q4_K, whose 32-blocks' scales are products of two GGUF fields) [groups, blocks, 8]. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
-// per 32-block to int8 (d_x = max|x| / 127, q = round-to-even(x / d_x), s_x = d_x * sum q), then
+// per 32-block to int8 (d_x = max|x| / 127, q = round-to-even(x * (127 / max|x|)) with vcvtps2dq, s_x = d_x * sum q), then
 // per block and row multiplies bytes with vpmaddubsw (pairs into i16), adds pairs into i32 with
 // vpmaddwd, and accumulates d_w d_x sum (+ m_w s_x) in f32, 8 output rows per vector.
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
@@ -42,18 +42,36 @@ ${WG_IDS}
         %rx = arith.addi %r0, %r : index
         %v = vector.load %x[%rx, %b, %c0] : memref<${XR}x${B}x32xf32>, vector<32xf32>
         %av = math.absf %v : vector<32xf32>
-        %mx = vector.reduction <maxnumf>, %av : vector<32xf32> into f32
+        %ab = arith.bitcast %av : vector<32xf32> to vector<32xi32>
+        %mb = vector.reduction <maxui>, %ab : vector<32xi32> into i32
+        %mx = arith.bitcast %mb : i32 to f32
         %d = arith.divf %mx, %fmax : f32
         %nz = arith.cmpf ogt, %mx, %fzero : f32
         %inv0 = arith.divf %fmax, %mx : f32
         %inv = arith.select %nz, %inv0, %fzero : f32
         %invv = vector.broadcast %inv : f32 to vector<32xf32>
         %sc = arith.mulf %v, %invv : vector<32xf32>
-        %rq = math.roundeven %sc : vector<32xf32>
-        %qi = arith.fptosi %rq : vector<32xf32> to vector<32xi8>
+        %s4 = vector.shape_cast %sc : vector<32xf32> to vector<4x8xf32>
+        %s0 = vector.extract %s4[0] : vector<8xf32> from vector<4x8xf32>
+        %s1 = vector.extract %s4[1] : vector<8xf32> from vector<4x8xf32>
+        %s2 = vector.extract %s4[2] : vector<8xf32> from vector<4x8xf32>
+        %s3 = vector.extract %s4[3] : vector<8xf32> from vector<4x8xf32>
+        %q0 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s0) : (vector<8xf32>) -> vector<8xi32>
+        %q1 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s1) : (vector<8xf32>) -> vector<8xi32>
+        %q2 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s2) : (vector<8xf32>) -> vector<8xi32>
+        %q3 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s3) : (vector<8xf32>) -> vector<8xi32>
+        %z4 = arith.constant dense<0> : vector<4x8xi32>
+        %i0 = vector.insert %q0, %z4[0] : vector<8xi32> into vector<4x8xi32>
+        %i1 = vector.insert %q1, %i0[1] : vector<8xi32> into vector<4x8xi32>
+        %i2 = vector.insert %q2, %i1[2] : vector<8xi32> into vector<4x8xi32>
+        %i3 = vector.insert %q3, %i2[3] : vector<8xi32> into vector<4x8xi32>
+        %qw = vector.shape_cast %i3 : vector<4x8xi32> to vector<32xi32>
+        %qi = arith.trunci %qw : vector<32xi32> to vector<32xi8>
         vector.store %qi, %xq[%r, %b, %c0] : memref<${XQ}>, vector<32xi8>
-        %qw = arith.extsi %qi : vector<32xi8> to vector<32xi32>
-        %qsum = vector.reduction <add>, %qw : vector<32xi32> into i32
+        %p01 = arith.addi %q0, %q1 : vector<8xi32>
+        %p23 = arith.addi %q2, %q3 : vector<8xi32>
+        %p03 = arith.addi %p01, %p23 : vector<8xi32>
+        %qsum = vector.reduction <add>, %p03 : vector<8xi32> into i32
         %qsf = arith.sitofp %qsum : i32 to f32
         %sd = arith.mulf %qsf, %d : f32
         memref.store %d, %dx[%r, %b] : memref<${DX}>
