@@ -1,5 +1,6 @@
-"""The paged KV cache in MLIR: gathering a sequence's cached rows by slot, batched attention,
-per-row argmax and the slot-indexed cache writer.
+"""The paged KV cache in MLIR: gathering a sequence's cached rows by slot, decode attention over
+the slab (a hand-written online-softmax dispatch on the CPU, mlir/attention_decode.mlir; linalg on
+Vulkan, mlir/attention_batch.mlir), per-row argmax and the slot-indexed cache writer.
 
 Owns: the ops over the slot-major slab `[NS, L, 2, Hkv, hd]` (a slot holds one position's K and V
 for every layer; which slots a sequence owns is the runtime's page table, the kernels only see
@@ -44,13 +45,14 @@ def attention_batch(
     slab through its slots `%ctx` inside the attention itself (mlir/attention_batch.mlir)."""
     heads, heads_kv, head_dim = hp.head_count, hp.head_count_kv, hp.key_length
     win = window or NO_WINDOW
-    name = f"attention_batch_w{win}_s{_sym(scale)}_{b.t_tag}_{heads}x{heads_kv}x{head_dim}"
-    subs = {
-        "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
-        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win), "L": str(hp.block_count),
-        "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
-    }  # fmt: skip
-    b.mod.helper(name, template("attention_batch.mlir").substitute(subs))
+    if b.mod.tiled:  # the CPU: the hand-written online-softmax dispatch
+        name = (
+            f"attention_decode_w{win}_s{_sym(scale)}_{b.t_tag}_{hp.block_count}x{heads}x{heads_kv}x{head_dim}"
+        )
+        b.mod.helper(name, _render_decode_attention(name, hp, b.t, scale, win))
+    else:
+        name = f"attention_batch_w{win}_s{_sym(scale)}_{b.t_tag}_{heads}x{heads_kv}x{head_dim}"
+        b.mod.helper(name, _render_batch_attention(name, hp, b, scale, win))
     new = f"tensor<{b.t}x{heads_kv}x{head_dim}xf32>"
     hhd = b.act(heads * head_dim)
     c = b.fresh("layer")
@@ -58,6 +60,74 @@ def attention_batch(
     args = [(q, hhd), ("%cache", slab_type(hp)), ("%ctx", f"tensor<{b.t}x?xi32>"), (c, "index"),
             (kv_new[0], new), (kv_new[1], new), (lens, f"tensor<{b.t}xi32>")]  # fmt: skip
     return b.call(name, args, hhd, "attn")
+
+
+def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: int) -> str:
+    """The linalg form (mlir/attention_batch.mlir), for Vulkan."""
+    heads, heads_kv, head_dim = hp.head_count, hp.head_count_kv, hp.key_length
+    subs = {
+        "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
+        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win), "L": str(hp.block_count),
+        "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
+    }  # fmt: skip
+    return template("attention_batch.mlir").substitute(subs)
+
+
+def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: int) -> str:
+    """mlir/attention_decode.mlir and the private func dispatching it, for rows `t` (1 or ?)."""
+    heads, heads_kv, hd = hp.head_count, hp.head_count_kv, hp.key_length
+    hhd, slab = heads * hd, slab_type(hp)
+    mem = f"memref<?x{hp.block_count}x2x{heads_kv}x{hd}xf32>"
+    scores, values = [], []
+    for j in range(8):
+        scores += [
+            f"%sp{j}u = arith.addi %s0, %c{j}x : index",
+            f"%sp{j} = arith.minui %sp{j}u, %slast : index",
+            f"%slot{j}i = memref.load %ctx[%t, %sp{j}] : memref<?x?xi32>",
+            f"%slot{j} = arith.index_cast %slot{j}i : i32 to index",
+            f"%k{j} = vector.load %cache[%slot{j}, %layer, %c0, %g, %c0] : {mem}, vector<{hd}xf32>",
+            f"%pk{j} = arith.mulf %qs, %k{j} : vector<{hd}xf32>",
+            f"%d{j} = vector.reduction <add>, %pk{j} fastmath<reassoc> : vector<{hd}xf32> into f32",
+        ]
+        values += [
+            f"%v{j} = vector.load %cache[%slot{j}, %layer, %c1, %g, %c0] : {mem}, vector<{hd}xf32>",
+            f"%p{j} = vector.extract %p[{j}] : f32 from vector<8xf32>",
+            f"%pv{j} = vector.broadcast %p{j} : f32 to vector<{hd}xf32>",
+            f"%a{j + 1} = math.fma %pv{j}, %v{j}, %a{j} : vector<{hd}xf32>",
+        ]
+    consts = [f"%c{j}x = arith.constant {j} : index" for j in range(8)]
+    executable = template("attention_decode.mlir").substitute(
+        NAME=name, H=str(heads), G=str(heads // heads_kv), HD=str(hd), HHD=str(hhd), HKV=str(heads_kv),
+        L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win),
+        SCORES="\n".join("        " + ln for ln in [*consts, *scores]),
+        VALUES="\n".join("        " + ln for ln in values),
+    )  # fmt: skip
+    rows = f"tensor<{t}x{heads_kv}x{hd}xf32>"
+    dyn = {f"tensor<{t}x{hhd}xf32>": f"tensor<?x{hhd}xf32>", f"tensor<{t}x?xi32>": "tensor<?x?xi32>",
+           rows: f"tensor<?x{heads_kv}x{hd}xf32>", f"tensor<{t}xi32>": "tensor<?xi32>"}  # fmt: skip
+    lines = [
+        f"func.func private @{name}(%q: tensor<{t}x{hhd}xf32>, %cache: {slab}, %ctx: tensor<{t}x?xi32>, "
+        f"%layer: index, %kn: {rows}, %vn: {rows}, %len: tensor<{t}xi32>) -> tensor<{t}x{hhd}xf32> {{",
+        "  %c0 = arith.constant 0 : index",
+        "  %c1 = arith.constant 1 : index",
+        f"  %T = tensor.dim %q, %c0 : tensor<{t}x{hhd}xf32>",
+        f"  %NS = tensor.dim %cache, %c0 : {slab}",
+        f"  %S = tensor.dim %ctx, %c1 : tensor<{t}x?xi32>",
+    ]
+    for arg, ty in (("q", f"tensor<{t}x{hhd}xf32>"), ("ctx", f"tensor<{t}x?xi32>"), ("kn", rows), ("vn", rows),
+                    ("len", f"tensor<{t}xi32>")):  # fmt: skip
+        cast = f"tensor.cast %{arg} : {ty} to {dyn[ty]}" if t != "?" else f"tensor.cast %{arg} : {ty} to {ty}"
+        lines.append(f"  %{arg}_d = {cast}")
+    lines += [
+        f"  %y = flow.dispatch @{name}_ex::@{name}[%T](%q_d, %cache, %ctx_d, %kn_d, %vn_d, %len_d, %T, %NS, %S, "
+        f"%layer) : (tensor<?x{hhd}xf32>{{%T}}, {slab}{{%NS}}, tensor<?x?xi32>{{%T, %S}}, "
+        f"tensor<?x{heads_kv}x{hd}xf32>{{%T}}, tensor<?x{heads_kv}x{hd}xf32>{{%T}}, tensor<?xi32>{{%T}}, "
+        f"index, index, index, index) -> tensor<?x{hhd}xf32>{{%T}}",
+        f"  %yc = tensor.cast %y : tensor<?x{hhd}xf32> to tensor<{t}x{hhd}xf32>",
+        f"  return %yc : tensor<{t}x{hhd}xf32>",
+        "}",
+    ]
+    return executable + "\n".join(lines) + "\n"
 
 
 def argmax_rows(b: Body, logits: str, vocab: int) -> str:

@@ -1,0 +1,94 @@
+// Decode attention for the CPU (compiler/paged.py): one new token per row, each row its own
+// sequence, a dispatch written by hand. Workgroup w takes row t = w / H and query head h = w % H
+// (KV head g = h / G): it reads the row's cached K and V rows straight from the slot-major slab
+// cache[ctx[t, s], layer, 0|1, g] with one vector load each, 8 positions at a time, and keeps an
+// online softmax (running max m, denominator l, weighted sum acc) that starts from the row's own
+// new key and value, which are never masked, so m is always finite. Positions s >= len[t] and
+// those WINDOW or more behind len[t] are masked; blocks past len[t] are not read at all, so a row
+// costs the same alone and in a batch. q is multiplied by SCALE before the dot products.
+// Placeholders: NAME, H, G, HD, HHD, HKV, L, SCALE, WINDOW, SCORES (the 8 score lines), VALUES (the
+// 8 value lines).
+stream.executable private @${NAME}_ex {
+  stream.executable.export public @${NAME} workgroups(%tw: index) -> (index, index, index) {
+    %ch = arith.constant ${H} : index
+    %x = arith.muli %tw, %ch : index
+    %c1 = arith.constant 1 : index
+    stream.return %x, %c1, %c1 : index, index, index
+  }
+  builtin.module {
+    func.func @${NAME}(%b_q: !stream.binding, %b_cache: !stream.binding, %b_ctx: !stream.binding,
+                       %b_kn: !stream.binding, %b_vn: !stream.binding, %b_len: !stream.binding,
+                       %b_y: !stream.binding, %tn: index, %ns: index, %sn: index, %layer: index) {
+      %c0 = arith.constant 0 : index
+      %c1 = arith.constant 1 : index
+      %c7 = arith.constant 7 : index
+      %c8 = arith.constant 8 : index
+      %q = stream.binding.subspan %b_q[%c0] : !stream.binding -> memref<?x${HHD}xf32>{%tn}
+      %cache = stream.binding.subspan %b_cache[%c0] : !stream.binding -> memref<?x${L}x2x${HKV}x${HD}xf32>{%ns}
+      %ctx = stream.binding.subspan %b_ctx[%c0] : !stream.binding -> memref<?x?xi32>{%tn, %sn}
+      %kn = stream.binding.subspan %b_kn[%c0] : !stream.binding -> memref<?x${HKV}x${HD}xf32>{%tn}
+      %vn = stream.binding.subspan %b_vn[%c0] : !stream.binding -> memref<?x${HKV}x${HD}xf32>{%tn}
+      %len = stream.binding.subspan %b_len[%c0] : !stream.binding -> memref<?xi32>{%tn}
+      %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<?x${HHD}xf32>{%tn}
+      %id = stream.dispatch.workgroup.id[0] : index
+      %ch = arith.constant ${H} : index
+      %cg = arith.constant ${G} : index
+      %chd = arith.constant ${HD} : index
+      %t = arith.divui %id, %ch : index
+      %h = arith.remui %id, %ch : index
+      %g = arith.divui %h, %cg : index
+      %qoff = arith.muli %h, %chd : index
+      %scale = arith.constant ${SCALE} : f32
+      %scv = vector.broadcast %scale : f32 to vector<${HD}xf32>
+      %q0 = vector.load %q[%t, %qoff] : memref<?x${HHD}xf32>, vector<${HD}xf32>
+      %qs = arith.mulf %q0, %scv : vector<${HD}xf32>
+      %knv = vector.load %kn[%t, %g, %c0] : memref<?x${HKV}x${HD}xf32>, vector<${HD}xf32>
+      %vnv = vector.load %vn[%t, %g, %c0] : memref<?x${HKV}x${HD}xf32>, vector<${HD}xf32>
+      %pn = arith.mulf %qs, %knv : vector<${HD}xf32>
+      %snew = vector.reduction <add>, %pn fastmath<reassoc> : vector<${HD}xf32> into f32
+      %n32 = memref.load %len[%t] : memref<?xi32>
+      %n = arith.index_cast %n32 : i32 to index
+      %n7 = arith.addi %n, %c7 : index
+      %nb = arith.divui %n7, %c8 : index
+      %n8 = arith.muli %nb, %c8 : index
+      %ub = arith.minui %n8, %sn : index
+      %slast = arith.subi %sn, %c1 : index
+      %one = arith.constant 1.0 : f32
+      %ninf = arith.constant dense<0xFF800000> : vector<8xf32>
+      %iota = arith.constant dense<[0, 1, 2, 3, 4, 5, 6, 7]> : vector<8xi32>
+      %nv = vector.broadcast %n32 : i32 to vector<8xi32>
+      %win = arith.constant dense<${WINDOW}> : vector<8xi32>
+      %res:3 = scf.for %s0 = %c0 to %ub step %c8 iter_args(%m = %snew, %l = %one, %acc = %vnv)
+          -> (f32, f32, vector<${HD}xf32>) {
+${SCORES}
+        %sc = vector.from_elements %d0, %d1, %d2, %d3, %d4, %d5, %d6, %d7 : vector<8xf32>
+        %s0i = arith.index_cast %s0 : index to i32
+        %s0v = vector.broadcast %s0i : i32 to vector<8xi32>
+        %posv = arith.addi %s0v, %iota : vector<8xi32>
+        %inside = arith.cmpi slt, %posv, %nv : vector<8xi32>
+        %dist = arith.subi %nv, %posv : vector<8xi32>
+        %near = arith.cmpi ult, %dist, %win : vector<8xi32>
+        %ok = arith.andi %inside, %near : vector<8xi1>
+        %scm = arith.select %ok, %sc, %ninf : vector<8xi1>, vector<8xf32>
+        %bm = vector.reduction <maximumf>, %scm : vector<8xf32> into f32
+        %mn = arith.maximumf %m, %bm : f32
+        %dm = arith.subf %m, %mn : f32
+        %corr = math.exp %dm : f32
+        %mnv = vector.broadcast %mn : f32 to vector<8xf32>
+        %e = arith.subf %scm, %mnv : vector<8xf32>
+        %p = math.exp %e : vector<8xf32>
+        %psum = vector.reduction <add>, %p fastmath<reassoc> : vector<8xf32> into f32
+        %l2 = math.fma %l, %corr, %psum : f32
+        %corrv = vector.broadcast %corr : f32 to vector<${HD}xf32>
+        %a0 = arith.mulf %acc, %corrv : vector<${HD}xf32>
+${VALUES}
+        scf.yield %mn, %l2, %a8 : f32, f32, vector<${HD}xf32>
+      }
+      %inv = arith.divf %one, %res#1 : f32
+      %invv = vector.broadcast %inv : f32 to vector<${HD}xf32>
+      %out = arith.mulf %res#2, %invv : vector<${HD}xf32>
+      vector.store %out, %y[%t, %qoff] : memref<?x${HHD}xf32>, vector<${HD}xf32>
+      return
+    }
+  }
+}
