@@ -1,14 +1,17 @@
-"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q8_0, Q4_K and Q6_K.
+"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
 
 Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_INT8` is not 0),
 the grouped weight layout (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a
-group side by side, 4 bytes of each row at a time; Q4_K and Q6_K are unpacked into 32-blocks with
+group side by side, 4 bytes of each row at a time; Q5_0's fifth bits re-ordered into one 32-bit
+word per load and nibble half, see `_repack_q5_0`; Q4_K and Q6_K are unpacked into 32-blocks with
 f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
   - decode (`render_decode`, one token or a static batch of rows): a hand-written dispatch
     (`mlir/dot8_decode.mlir`, a `stream.executable` IREE compiles as it is). Each workgroup first
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
     and the block sum for the types with a minimum or offset, as llama.cpp's Q8_1 / Q8_0), then multiplies
-    with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics), 8 output rows per vector, scales in f32;
+    with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics), 8 output rows per vector, scales in f32
+    (Q5_0: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
+    1 << row and a compare, then OR-ed into the nibbles as 16);
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
@@ -28,7 +31,8 @@ import numpy as np
 from zinc.compiler.kernels import QuantType, template
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
-DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}  # type -> 32-byte loads per block
+# type -> 32-byte loads per block
+DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}
 # scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's weights are
 # signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
 F32_SCALES = ("Q4_K", "Q6_K")
@@ -61,7 +65,8 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
     [n/8, k/32, 8 rows] as f16 bits (f32 for Q4_K and Q6_K), and the same again for the
-    minimums of Q4_1 and Q4_K (`m`) or the second 16 weights' scales of Q6_K (`d2`)."""
+    minimums of Q4_1 and Q4_K (`m`) or the second 16 weights' scales of Q6_K (`d2`); Q5_0's
+    fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as i32 words."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     scale = "f32" if q.name in F32_SCALES else "i16"
     out = {"qs": f"tensor<{ng}x{b}x{loads}x{G}x4xi8>", "d": f"tensor<{ng}x{b}x{G}x{scale}>"}
@@ -69,6 +74,8 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
         out["m"] = out["d"]
     if q.name == "Q6_K":
         out["d2"] = out["d"]
+    if q.name == "Q5_0":
+        out["qh"] = f"tensor<{ng}x{b}x4x2xi32>"
     return out
 
 
@@ -80,6 +87,8 @@ def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, A
         return _repack_q4_k(raw, n, k)
     if q.name == "Q6_K":
         return _repack_q6_k(raw, n, k)
+    if q.name == "Q5_0":
+        return _repack_q5_0(raw, n, k)
     blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
     head = 4 if q.name == "Q4_1" else 2  # bytes of scales before the quants
     qs = _group(blocks[:, :, head:], ng, b, loads)
@@ -92,6 +101,27 @@ def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, A
     if q.name == "Q4_1":
         out["m"] = scale(2)
     return out
+
+
+def _repack_q5_0(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """Q5_0 blocks (f16 d, u32 qh: bit j is element j's fifth bit, 16 bytes of nibbles: byte j
+    holds elements j and 16 + j) as Q4_0's planes plus `qh`: per group, block, load s and nibble
+    half h (0: low nibbles, elements 4s + i; 1: high, elements 16 + 4s + i) one 32-bit word whose
+    bit 8i + r is the fifth bit of element 16h + 4s + i of the group's row r. Broadcast to the 8
+    dwords of a vector, byte 4r + i (the load's byte of row r, element i) then holds that bit as
+    bit r: the kernel tests it against a constant mask, no shuffle. Sizes equal GGUF's."""
+    ng, b = n // G, k // 32
+    blocks = np.ascontiguousarray(raw).reshape(n, b, 22)
+    qh = blocks[:, :, 2:6].copy().view("<u4")[..., 0]  # [n, b]
+    bits = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, b, element]
+    bits = bits.reshape(ng, G, b, 2, 4, 4).transpose(0, 2, 4, 3, 5, 1)  # [ng, b, s, h, i, r]
+    words = np.packbits(bits, axis=-1, bitorder="little")[..., 0]  # [ng, b, s, h, i]: byte i, bit r
+    d = blocks[:, :, 0:2].copy().view(np.int16)[..., 0]
+    return {
+        "qs": _group(blocks[:, :, 6:], ng, b, 4),
+        "d": np.ascontiguousarray(d.reshape(ng, G, b).transpose(0, 2, 1)),
+        "qh": np.ascontiguousarray(words).view("<i4")[..., 0].astype(np.int32),
+    }
 
 
 def _group(qs: np.ndarray[Any, Any], ng: int, b: int, loads: int) -> np.ndarray[Any, Any]:
@@ -131,14 +161,32 @@ def decode_name(q: QuantType, n: int, k: int, rows: int = 0) -> str:
 
 
 def _load_lines(q: QuantType, rows: int) -> str:
-    """Per block of a group: the 32-byte loads, and per row the i16 (4-bit) or i32 (8-bit) sums."""
+    """Per block of a group: the 32-byte loads, and per row the i16 (4-bit) or i32 (8-bit) sums.
+    Q5_0's quants are the nibbles with 16 added where the fifth bit is set (0..31, the -16 is the
+    offset term); their i16 sums are widened to i32 after loads 0 and 1 and again after 2 and 3."""
     lines: list[str] = []
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
+    five = q.name == "Q5_0"
     first = ""
     for s in range(DOT8_TYPES[q.name]):
         lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
-        if four:
+        if five:  # nibble | 16 where the half's word has bit r in byte i (see _repack_q5_0)
+            for h, half in enumerate(("lo", "hi")):
+                v = f"{half}{s}"
+                lines += [
+                    f"%{v}n = arith.andi %w{s}, %m15 : vector<32xi8>"
+                    if h == 0
+                    else f"%{v}n = arith.shrui %w{s}, %c4v : vector<32xi8>",
+                    f"%{v}h = memref.load %wh[%g, %b, %c{s}, %c{h}] : memref<${{QH}}>",
+                    f"%{v}hv = vector.broadcast %{v}h : i32 to vector<8xi32>",
+                    f"%{v}hb = vector.bitcast %{v}hv : vector<8xi32> to vector<32xi8>",
+                    f"%{v}ha = arith.andi %{v}hb, %bitr : vector<32xi8>",
+                    f"%{v}hm = arith.cmpi eq, %{v}ha, %bitr : vector<32xi8>",
+                    f"%{v}h16 = arith.select %{v}hm, %c16v, %c0v : vector<32xi1>, vector<32xi8>",
+                    f"%{v} = arith.ori %{v}n, %{v}h16 : vector<32xi8>",
+                ]
+        elif four:
             lines += [
                 f"%lo{s} = arith.andi %w{s}, %m15 : vector<32xi8>",
                 f"%hi{s} = arith.shrui %w{s}, %c4v : vector<32xi8>",
@@ -148,8 +196,13 @@ def _load_lines(q: QuantType, rows: int) -> str:
     for r in range(rows):
         acc = ""
         halves = [(s, s, f"lo{s}") for s in range(4)] + [(s, 4 + s, f"hi{s}") for s in range(4)]
+        if five:  # loads 0 and 1, then 2 and 3: 4 pair sums of at most 2 * 31 * 127 fit in i16
+            halves = [(s, xs, f"{half}{s}") for s in range(4) for xs, half in ((s, "lo"), (4 + s, "hi"))]
         parts = halves if four else [(s, s, f"w{s}") for s in range(8)]
-        for s, xs, w in parts:
+        for j, (s, xs, w) in enumerate(parts):
+            if five and j == 4:  # widen the first four i16 sums to i32 before they could saturate
+                lines.append(f"%i{r}a = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
+                acc = ""
             p = f"%p{r}_{xs}"
             lines += [
                 f"%x{r}_{xs}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
@@ -170,7 +223,13 @@ def _load_lines(q: QuantType, rows: int) -> str:
                 acc = f"%s{r}_{xs}"
             else:  # Q6_K: the second 16 weights of the block start a second sum (their own scale)
                 first, acc = acc, p
-        if four:  # the i16 sums of each row's 4-byte groups, added pairwise into i32
+        if five:
+            lines += [
+                f"%i{r}b = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}",
+                f"%i{r} = arith.addi %i{r}a, %i{r}b : vector<8xi32>",
+            ]
+            acc = f"%i{r}"
+        elif four:  # the i16 sums of each row's 4-byte groups, added pairwise into i32
             lines.append(f"%i{r} = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
             acc = f"%i{r}"
         lines += [
@@ -191,7 +250,8 @@ def _load_lines(q: QuantType, rows: int) -> str:
             f"%f{r} = arith.sitofp {acc} : vector<8xi32> to vector<8xf32>",
             f"%a{r}{'' if q.name == 'Q8_0' else 'x'} = math.fma %f{r}, %t{r}, %acc{r} : vector<8xf32>",
         ]
-        if q.name != "Q8_0":  # + m * sum(x) (Q4_1) or - 8 d * sum(x) (Q4_0), sum(x) as d_x * sum(q_x)
+        # + m * sum(x) (Q4_1), - 8 d * sum(x) (Q4_0) or - 16 d * sum(x) (Q5_0), sum(x) as d_x * sum(q_x)
+        if q.name != "Q8_0":
             lines += [
                 f"%sx{r} = memref.load %sx[%c{r}, %b] : memref<${{DX}}>",
                 f"%sxv{r} = vector.broadcast %sx{r} : f32 to vector<8xf32>",
@@ -304,6 +364,15 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
         mscale = _scale_load(q, "%wm", "%mw")
     elif q.name == "Q4_0":
         mscale = "%mw = arith.mulf %dw, %m8 : vector<8xf32>"
+    elif q.name == "Q5_0":  # -16 d, and the constants that add the fifth bits
+        bitr = ", ".join(str(np.int8(np.uint8(1 << (i // 4)))) for i in range(32))
+        mscale = "\n          ".join([
+            "%m16 = arith.constant dense<-16.0> : vector<8xf32>",
+            "%mw = arith.mulf %dw, %m16 : vector<8xf32>",
+            f"%bitr = arith.constant dense<[{bitr}]> : vector<32xi8>",
+            "%c16v = arith.constant dense<16> : vector<32xi8>",
+            "%c0v = arith.constant dense<0> : vector<32xi8>",
+        ])  # fmt: skip
     else:
         mscale = ""
     consts = "\n".join(f"    %c{i} = arith.constant {i} : index" for i in range(max(32, r)))
@@ -314,6 +383,7 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
         "DS": f"{ng}x{b}x{G}x{scale}",
         "XQ": f"{r}x{b}x32xi8",
         "DX": f"{r}x{b}xf32",
+        "QH": f"{ng}x{b}x4x2xi32",
     }
     stores = []
     for i in range(r):
@@ -338,8 +408,8 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
         YIELD_TYPES=", ".join(["vector<8xf32>"] * r), RESULTS=f"%acc:{r}" if r > 1 else "%acc0",
         STORES="\n".join(stores), BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in types),
         WM="\n".join(
-            f"    %w{p} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<${{DS}}>"
-            for p in ("m", "d2") if p in types
+            f"    %{v} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<${{{shape}}}>"
+            for p, v, shape in (("m", "wm", "DS"), ("d2", "wd2", "DS"), ("qh", "wh", "QH")) if p in types
         ),
         DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r), WRAPPER=wrapper,
     )  # fmt: skip

@@ -4,12 +4,15 @@
 // CPU runtime spreads workgroups over its threads along x): workgroup id = group chunk * tiles +
 // tile, so neighbouring workgroups read the same weights from cache. W is in groups of 8 rows,
 // each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16 bits
-// (f32 for Q4_K, whose 32-blocks' scales are products of two GGUF fields) [groups, blocks, 8]. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
+// (f32 for Q4_K, whose 32-blocks' scales are products of two GGUF fields) [groups, blocks, 8];
+// Q5_0's fifth bits are one i32 word per load and nibble half [groups, blocks, 4, 2] (QH), OR-ed
+// into the nibbles as 16 before the multiply. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
 // per 32-block to int8 (d_x = max|x| / 127, q = round-to-even(x * (127 / max|x|)) with vcvtps2dq, s_x = d_x * sum q), then
 // per block and row multiplies bytes with vpmaddubsw (pairs into i16), adds pairs into i32 with
-// vpmaddwd, and accumulates d_w d_x sum (+ m_w s_x) in f32, 8 output rows per vector.
+// vpmaddwd (Q5_0: in two parts, so that no i16 sum saturates), and accumulates d_w d_x sum
+// (+ m_w s_x, m_w = -8 d_w for Q4_0, -16 d_w for Q5_0) in f32, 8 output rows per vector.
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
-// XQ, DX, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
+// XQ, DX, QH, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
 // WRAPPER (the private func that dispatches it).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(${WG_ARGS}) -> (index, index, index) {

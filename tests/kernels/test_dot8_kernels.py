@@ -3,8 +3,10 @@
 Each GGUF tensor is repacked as `zinc compile` does it. The decode kernels (one token, batches of
 3 and 9 rows) and the prefill kernel (T = ?, 9 rows: a tile of 8 and a padded one) must equal the
 weight times the activations rounded to Q8 per 32-block (`zinc.model.reference.q8_round`, the
-rounding the kernels do) to f32 accuracy, and agree bit for bit on the same row. Skipped, with the reason,
-on a CPU without AVX2 (those machines compile the f32 tiled kernels instead).
+rounding the kernels do) to f32 accuracy, and agree bit for bit on the same row. Weights are
+`gguf.quants.quantize` of random floats (K-quants: random valid blocks); Q5_0 also gets blocks of
+random bytes, so every fifth-bit pattern occurs. Skipped, with the reason, on a CPU without AVX2
+(those machines compile the f32 tiled kernels instead).
 """
 
 from __future__ import annotations
@@ -25,6 +27,30 @@ from zinc.runtime.module import LoadedModule
 SHAPES = [(64, 128), (40, 32), (8, 576), (136, 96)]  # N a multiple of 8 (groups), K of 32 (blocks)
 K_SHAPES = [(16, 256), (40, 768)]  # for Q4_K and Q6_K: K a multiple of its 256-weight super-block
 pytestmark = pytest.mark.skipif(not dot8.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
+
+
+def random_q5_0(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Q5_0 blocks of random bytes (random nibbles and fifth bits) with small f16 scales, every
+    fourth row's subnormal, as uint8 [n, k / 32 * 22]."""
+    raw = rng.integers(0, 256, size=(n, k // 32, 22), dtype=np.uint8)
+    d = rng.uniform(0.002, 0.02, size=(n, k // 32)) * rng.choice([-1, 1], size=(n, k // 32))
+    d[::4] *= 1e-3
+    raw[:, :, 0:2] = d.astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+    return raw.reshape(n, -1)
+
+
+def weights(qtype: str, rng: np.random.Generator) -> list[tuple[int, int, np.ndarray]]:
+    """(n, k, GGUF bytes [n, row bytes]) cases of one type."""
+    q = QUANT_TYPES[qtype]
+    if q.block == 256:
+        return [(n, k, random_blocks(qtype, n, k, rng)) for n, k in K_SHAPES]
+    out = []
+    for n, k in SHAPES:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        out.append((n, k, quants.quantize(w, GGMLQuantizationType[qtype])))
+    if qtype == "Q5_0":
+        out += [(n, k, random_q5_0(n, k, rng)) for n, k in SHAPES[:2]]
+    return out
 
 
 def kernel_module(qtype: str, n: int, k: int) -> str:
@@ -55,17 +81,14 @@ def test_dot8_kernels_match_dequantize(qtype: str, device: str) -> None:
     spec = DEVICES[device]()
     q = QUANT_TYPES[qtype]
     rng = np.random.default_rng(5)
-    for n, k in K_SHAPES if q.block == 256 else SHAPES:
-        w = rng.standard_normal((n, k)).astype(np.float32)
-        raw = (
-            random_blocks(qtype, n, k, rng)
-            if q.block == 256
-            else quants.quantize(w, GGMLQuantizationType[qtype])
-        )
+    for n, k, raw in weights(qtype, rng):
         ref_w = quants.dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
         planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
         if q.block == 32:  # a byte shuffle, same size (Q4_K: f32 scale and min per 32 weights)
             assert sum(p.nbytes for p in planes.values()) == raw.nbytes
+        if qtype == "Q5_0":  # the quantized floats use every fifth-bit value and quant 0..31
+            qh = raw.reshape(n, k // 32, 22)[:, :, 2:6].copy().view("<u4")
+            assert 0 < np.unpackbits(qh.view(np.uint8)).mean() < 1
         mod = LoadedModule(
             compile_mlir(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
         )
@@ -95,7 +118,9 @@ def test_dot8_kernels_match_dequantize(qtype: str, device: str) -> None:
 def test_dot8_layout_applies_to_whole_groups_of_the_byte_types() -> None:
     q41 = QUANT_TYPES["Q4_1"]
     assert dot8.supports(q41, 40, 64) and not dot8.supports(q41, 36, 64)
-    assert not dot8.supports(QUANT_TYPES["Q5_0"], 64, 64) and not dot8.supports(QUANT_TYPES["F16"], 64, 64)
+    q50 = QUANT_TYPES["Q5_0"]
+    assert dot8.supports(q50, 64, 64) and dot8.supports(q50, 2048, 640) and not dot8.supports(q50, 36, 64)
+    assert not dot8.supports(QUANT_TYPES["Q5_1"], 64, 64) and not dot8.supports(QUANT_TYPES["F16"], 64, 64)
     q4k = QUANT_TYPES["Q4_K"]
     assert dot8.supports(q4k, 16, 512) and not dot8.supports(q4k, 16, 96)
     assert dot8.supports(QUANT_TYPES["Q6_K"], 8, 256)

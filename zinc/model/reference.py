@@ -6,7 +6,7 @@ block at a time with its own KV cache. It follows the recipe in `HParams` (llama
 gemma3): NEOX or adjacent-pair RoPE with per-layer bases, q/k/v biases, per-head QK RMSNorm,
 post-norms, SwiGLU or tanh-GELU gating, sliding-window layers, embedding and query scales and
 final logit softcapping. With `q8_activations`, it also follows the CPU's integer dot-product
-kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q8_0, Q4_K or Q6_K with rows in groups of 8,
+kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows in groups of 8,
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
 do. Slow by design; used by tests and for debugging.
 Imports: numpy, gguf, zinc.model.
@@ -27,6 +27,7 @@ F64 = np.ndarray[Any, np.dtype[np.float64]]
 Q8_WEIGHTS = (
     "Q4_0",
     "Q4_1",
+    "Q5_0",
     "Q8_0",
     "Q4_K",
     "Q6_K",
