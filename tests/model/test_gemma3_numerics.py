@@ -18,7 +18,10 @@ from zinc.model.gguf_file import resolve_model
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4  # max |logit error| / max |logit|; observed 1.5e-6
-TOL_Q8 = 3e-2  # Q8 activations on its Q8_0 / Q4_K weights (CPU on AVX2; observed 1.6e-2), see tests/conftest.py
+# Q8-rounded activations on its Q5_0 / Q8_0 / Q4_K / Q6_K weights (CPU with AVX2): the reference
+# rounds at the same places, but a value that lands on the other side of a rounding step upstream
+# moves everything after it; observed 2.3e-2 to 2.9e-2 since Q5_0 joined (1.6e-2 before), see tests/conftest.py
+TOL_Q8 = 5e-2
 
 
 def test_gemma3_matches_reference(open_session: SessionFactory) -> None:
