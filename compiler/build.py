@@ -101,7 +101,7 @@ def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DE
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *TARGET_FLAGS[target],
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
-        f"dot8={_use_dot8(target)}",
+        f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
@@ -120,7 +120,11 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
     if kind == "vulkan":
         _check_vulkan_rows(desc.hparams, buckets)
     mod = llama.emit_module(
-        desc, tiled=kind == "cpu", dot8=_use_dot8(kind), batch_sizes=buckets, kv_write_per_layer=kind == "vulkan"
+        desc,
+        tiled=kind == "cpu",
+        dot8=_use_dot8(kind),
+        batch_sizes=buckets,
+        kv_write_per_layer=kind == "vulkan",
     )
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
                 repacked=dict(mod.repacked), batch_sizes=buckets)  # fmt: skip

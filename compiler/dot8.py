@@ -9,7 +9,8 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
     (`mlir/dot8_decode.mlir`, a `stream.executable` IREE compiles as it is). Each workgroup first
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
     and the block sum for the types with a minimum or offset, as llama.cpp's Q8_1 / Q8_0), then multiplies
-    with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics), 8 output rows per vector, scales in f32
+    with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics; `vpdpbusd` where the host has AVX-VNNI or
+    AVX-512 VNNI, see `vnni()`), 8 output rows per vector, scales in f32
     (Q5_0: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
     1 << row and a compare, then OR-ed into the nibbles as 16);
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
@@ -56,6 +57,26 @@ def host_supports() -> bool:
 
 def enabled() -> bool:
     return os.environ.get("ZINC_CPU_INT8", "1") != "0" and host_supports()
+
+
+@cache
+def host_vnni() -> bool:
+    """`vpdpbusd` in 256 bits: AVX-VNNI, or AVX-512 VNNI with VL, from /proc/cpuinfo."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            return "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
+    return False
+
+
+def vnni() -> bool:
+    """Whether the kernels multiply-accumulate bytes with `vpdpbusd` (one instruction into i32)
+    instead of `vpmaddubsw` + `vpmaddwd` + add; `ZINC_CPU_VNNI=0` keeps the AVX2 form."""
+    return os.environ.get("ZINC_CPU_VNNI", "1") != "0" and host_vnni()
 
 
 def supports(q: QuantType, n: int, k: int) -> bool:
@@ -160,15 +181,95 @@ def decode_name(q: QuantType, n: int, k: int, rows: int = 0) -> str:
     return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}"
 
 
-def _load_lines(q: QuantType, rows: int) -> str:
-    """Per block of a group: the 32-byte loads, and per row the i16 (4-bit) or i32 (8-bit) sums.
-    Q5_0's quants are the nibbles with 16 added where the fifth bit is set (0..31, the -16 is the
-    offset term); their i16 sums are widened to i32 after loads 0 and 1 and again after 2 and 3."""
+def _avx2_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
+    """Row r's integer sums over one block: `vpmaddubsw` into i16 pairs, `vpmaddwd` into i32
+    (signed weights as |w| times x with w's sign; Q5_0's i16 sums are widened after loads 0 and 1
+    and again after 2 and 3, before they could saturate). Returns the lines, Q6_K's first-half sum
+    and the sum (vector<8xi32>, one lane per output row of the group)."""
     lines: list[str] = []
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
     five = q.name == "Q5_0"
     first = ""
+    acc = ""
+    halves = [(s, s, f"lo{s}") for s in range(4)] + [(s, 4 + s, f"hi{s}") for s in range(4)]
+    if five:  # loads 0 and 1, then 2 and 3: 4 pair sums of at most 2 * 31 * 127 fit in i16
+        halves = [(s, xs, f"{half}{s}") for s in range(4) for xs, half in ((s, "lo"), (4 + s, "hi"))]
+    parts = halves if four else [(s, s, f"w{s}") for s in range(8)]
+    for j, (s, xs, w) in enumerate(parts):
+        if five and j == 4:  # widen the first four i16 sums to i32 before they could saturate
+            lines.append(f"%i{r}a = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
+            acc = ""
+        p = f"%p{r}_{xs}"
+        lines += [
+            f"%x{r}_{xs}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
+            f"%x{r}_{xs}b = vector.bitcast %x{r}_{xs}a : vector<4xi8> to vector<1xi32>",
+            f"%x{r}_{xs}c = vector.broadcast %x{r}_{xs}b : vector<1xi32> to vector<8xi32>",
+            f"%x{r}_{xs} = vector.bitcast %x{r}_{xs}c : vector<8xi32> to vector<32xi8>",
+        ]
+        if four:
+            lines.append(f"{p} = {_intr('pmadd.ub.sw', f'%{w}', f'%x{r}_{xs}', '32xi8', '16xi16')}")
+        else:  # signed weights: |w| times x with w's sign, the unsigned x signed form vpmaddubsw takes
+            lines += [
+                f"%sx{r}_{xs} = {_intr('psign.b', f'%x{r}_{xs}', f'%w{s}', '32xi8', '32xi8')}",
+                f"%u{r}_{xs} = {_intr('pmadd.ub.sw', f'%aw{s}', f'%sx{r}_{xs}', '32xi8', '16xi16')}",
+                f"{p} = {_intr('pmadd.wd', f'%u{r}_{xs}', '%ones', '16xi16', '8xi32')}",
+            ]
+        if acc and not (halves16 and xs == 4):  # 4-bit: 8 pair sums of at most 2 * 15 * 127 fit in i16
+            lines.append(f"%s{r}_{xs} = arith.addi {acc}, {p} : vector<{'16xi16' if four else '8xi32'}>")
+            acc = f"%s{r}_{xs}"
+        else:  # Q6_K: the second 16 weights of the block start a second sum (their own scale)
+            first, acc = acc, p
+    if five:
+        lines += [
+            f"%i{r}b = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}",
+            f"%i{r} = arith.addi %i{r}a, %i{r}b : vector<8xi32>",
+        ]
+        acc = f"%i{r}"
+    elif four:  # the i16 sums of each row's 4-byte groups, added pairwise into i32
+        lines.append(f"%i{r} = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
+        acc = f"%i{r}"
+    return lines, first, acc
+
+
+def _vnni_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
+    """The same with `vpdpbusd` (u8 x s8, 4 products per i32 lane, accumulated in one instruction;
+    no i16 step, so nothing can saturate)."""
+    lines: list[str] = []
+    four = DOT8_TYPES[q.name] == 4
+    parts = [(s, s, f"lo{s}") for s in range(4)] + [(s, 4 + s, f"hi{s}") for s in range(4)]
+    if not four:
+        parts = [(s, s, f"aw{s}") for s in range(8)]
+    acc, first = "%zi8", ""
+    for s, xs, w in parts:
+        x = f"%x{r}_{xs}"
+        lines += [
+            f"{x}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
+            f"{x}b = vector.bitcast {x}a : vector<4xi8> to vector<1xi32>",
+            f"{x}c = vector.broadcast {x}b : vector<1xi32> to vector<8xi32>",
+            f"{x} = vector.bitcast {x}c : vector<8xi32> to vector<32xi8>",
+        ]
+        if not four:  # signed weights: |w| times x with w's sign
+            lines.append(f"{x}s = {_intr('psign.b', x, f'%w{s}', '32xi8', '32xi8')}")
+            x = f"{x}s"
+        if q.name == "Q6_K" and xs == 4:  # the second 16 weights of the block: their own scale
+            first, acc = acc, "%zi8"
+        lines.append(
+            f'%s{r}_{xs} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.256"({acc}, %{w}, {x}) '
+            ": (vector<8xi32>, vector<32xi8>, vector<32xi8>) -> vector<8xi32>"
+        )
+        acc = f"%s{r}_{xs}"
+    return lines, first, acc
+
+
+def _load_lines(q: QuantType, rows: int) -> str:
+    """Per block of a group: the 32-byte loads, per row the integer sums (`_vnni_sums` where the
+    host has VNNI, else `_avx2_sums`) and the scaled f32 accumulation. Q5_0's quants are the
+    nibbles with 16 added where the fifth bit is set (0..31, the -16 is the offset term)."""
+    lines: list[str] = []
+    four = DOT8_TYPES[q.name] == 4
+    halves16 = q.name == "Q6_K"
+    five = q.name == "Q5_0"
     for s in range(DOT8_TYPES[q.name]):
         lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
         if five:  # nibble | 16 where the half's word has bit r in byte i (see _repack_q5_0)
@@ -194,44 +295,8 @@ def _load_lines(q: QuantType, rows: int) -> str:
         else:
             lines.append(f"%aw{s} = math.absi %w{s} : vector<32xi8>")
     for r in range(rows):
-        acc = ""
-        halves = [(s, s, f"lo{s}") for s in range(4)] + [(s, 4 + s, f"hi{s}") for s in range(4)]
-        if five:  # loads 0 and 1, then 2 and 3: 4 pair sums of at most 2 * 31 * 127 fit in i16
-            halves = [(s, xs, f"{half}{s}") for s in range(4) for xs, half in ((s, "lo"), (4 + s, "hi"))]
-        parts = halves if four else [(s, s, f"w{s}") for s in range(8)]
-        for j, (s, xs, w) in enumerate(parts):
-            if five and j == 4:  # widen the first four i16 sums to i32 before they could saturate
-                lines.append(f"%i{r}a = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
-                acc = ""
-            p = f"%p{r}_{xs}"
-            lines += [
-                f"%x{r}_{xs}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
-                f"%x{r}_{xs}b = vector.bitcast %x{r}_{xs}a : vector<4xi8> to vector<1xi32>",
-                f"%x{r}_{xs}c = vector.broadcast %x{r}_{xs}b : vector<1xi32> to vector<8xi32>",
-                f"%x{r}_{xs} = vector.bitcast %x{r}_{xs}c : vector<8xi32> to vector<32xi8>",
-            ]
-            if four:
-                lines.append(f"{p} = {_intr('pmadd.ub.sw', f'%{w}', f'%x{r}_{xs}', '32xi8', '16xi16')}")
-            else:  # signed weights: |w| times x with w's sign, the unsigned x signed form vpmaddubsw takes
-                lines += [
-                    f"%sx{r}_{xs} = {_intr('psign.b', f'%x{r}_{xs}', f'%w{s}', '32xi8', '32xi8')}",
-                    f"%u{r}_{xs} = {_intr('pmadd.ub.sw', f'%aw{s}', f'%sx{r}_{xs}', '32xi8', '16xi16')}",
-                    f"{p} = {_intr('pmadd.wd', f'%u{r}_{xs}', '%ones', '16xi16', '8xi32')}",
-                ]
-            if acc and not (halves16 and xs == 4):  # 4-bit: 8 pair sums of at most 2 * 15 * 127 fit in i16
-                lines.append(f"%s{r}_{xs} = arith.addi {acc}, {p} : vector<{'16xi16' if four else '8xi32'}>")
-                acc = f"%s{r}_{xs}"
-            else:  # Q6_K: the second 16 weights of the block start a second sum (their own scale)
-                first, acc = acc, p
-        if five:
-            lines += [
-                f"%i{r}b = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}",
-                f"%i{r} = arith.addi %i{r}a, %i{r}b : vector<8xi32>",
-            ]
-            acc = f"%i{r}"
-        elif four:  # the i16 sums of each row's 4-byte groups, added pairwise into i32
-            lines.append(f"%i{r} = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
-            acc = f"%i{r}"
+        sums, first, acc = _vnni_sums(q, r) if vnni() else _avx2_sums(q, r)
+        lines += sums
         lines += [
             f"%dx{r} = memref.load %dx[%c{r}, %b] : memref<${{DX}}>",
             f"%dxv{r} = vector.broadcast %dx{r} : f32 to vector<8xf32>",

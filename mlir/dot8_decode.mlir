@@ -84,6 +84,7 @@ ${WG_IDS}
     %m15 = arith.constant dense<15> : vector<32xi8>
     %c4v = arith.constant dense<4> : vector<32xi8>
     %ones = arith.constant dense<1> : vector<16xi16>
+    %zi8 = arith.constant dense<0> : vector<8xi32>
     %m8 = arith.constant dense<-8.0> : vector<8xf32>
     %zf = arith.constant dense<0.0> : vector<8xf32>
     %g0 = arith.muli %wg, %cPW : index

@@ -75,9 +75,22 @@ def kernel_module(qtype: str, n: int, k: int) -> str:
     return text
 
 
+VNNI_FORMS = [
+    pytest.param("avx2", id="avx2"),
+    pytest.param(
+        "vnni", id="vnni", marks=pytest.mark.skipif(not dot8.host_vnni(), reason="this CPU lacks VNNI")
+    ),
+]
+
+
+@pytest.mark.parametrize("form", VNNI_FORMS)
 @pytest.mark.parametrize("device", device_params("cpu", "cpu-task"))
 @pytest.mark.parametrize("qtype", list(dot8.DOT8_TYPES))
-def test_dot8_kernels_match_dequantize(qtype: str, device: str) -> None:
+def test_dot8_kernels_match_dequantize(
+    qtype: str, device: str, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ZINC_CPU_VNNI", "1" if form == "vnni" else "0")
+    assert dot8.vnni() == (form == "vnni")
     spec = DEVICES[device]()
     q = QUANT_TYPES[qtype]
     rng = np.random.default_rng(5)
