@@ -43,34 +43,31 @@ U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
 @cache
-def host_supports() -> bool:
-    """AVX2 (the byte dot products), F16C (scale decoding) and FMA, from /proc/cpuinfo."""
+def _cpu_flags() -> frozenset[str]:
+    """The host's CPU flags from /proc/cpuinfo (none where it cannot be read)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return False
+        return frozenset()
     for line in text.splitlines():
         if line.startswith("flags"):
-            return {"avx2", "f16c", "fma"} <= set(line.split(":", 1)[1].split())
-    return False
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def host_supports() -> bool:
+    """AVX2 (the byte dot products), F16C (scale decoding) and FMA."""
+    return {"avx2", "f16c", "fma"} <= _cpu_flags()
 
 
 def enabled() -> bool:
     return os.environ.get("ZINC_CPU_INT8", "1") != "0" and host_supports()
 
 
-@cache
 def host_vnni() -> bool:
-    """`vpdpbusd` in 256 bits: AVX-VNNI, or AVX-512 VNNI with VL, from /proc/cpuinfo."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
-    return False
+    """`vpdpbusd` in 256 bits: AVX-VNNI, or AVX-512 VNNI with VL."""
+    flags = _cpu_flags()
+    return "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
 
 
 def vnni() -> bool:
@@ -181,6 +178,18 @@ def decode_name(q: QuantType, n: int, k: int, rows: int = 0) -> str:
     return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}"
 
 
+def _x_lines(r: int, xs: int) -> list[str]:
+    """`%x{r}_{xs}`: the 4 quantized activations of row r at byte 4 * xs of the block, repeated
+    across the 32 bytes so that each row of the weight group meets them."""
+    x = f"%x{r}_{xs}"
+    return [
+        f"{x}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
+        f"{x}b = vector.bitcast {x}a : vector<4xi8> to vector<1xi32>",
+        f"{x}c = vector.broadcast {x}b : vector<1xi32> to vector<8xi32>",
+        f"{x} = vector.bitcast {x}c : vector<8xi32> to vector<32xi8>",
+    ]
+
+
 def _avx2_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
     """Row r's integer sums over one block: `vpmaddubsw` into i16 pairs, `vpmaddwd` into i32
     (signed weights as |w| times x with w's sign; Q5_0's i16 sums are widened after loads 0 and 1
@@ -201,12 +210,7 @@ def _avx2_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
             lines.append(f"%i{r}a = {_intr('pmadd.wd', acc, '%ones', '16xi16', '8xi32')}")
             acc = ""
         p = f"%p{r}_{xs}"
-        lines += [
-            f"%x{r}_{xs}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
-            f"%x{r}_{xs}b = vector.bitcast %x{r}_{xs}a : vector<4xi8> to vector<1xi32>",
-            f"%x{r}_{xs}c = vector.broadcast %x{r}_{xs}b : vector<1xi32> to vector<8xi32>",
-            f"%x{r}_{xs} = vector.bitcast %x{r}_{xs}c : vector<8xi32> to vector<32xi8>",
-        ]
+        lines += _x_lines(r, xs)
         if four:
             lines.append(f"{p} = {_intr('pmadd.ub.sw', f'%{w}', f'%x{r}_{xs}', '32xi8', '16xi16')}")
         else:  # signed weights: |w| times x with w's sign, the unsigned x signed form vpmaddubsw takes
@@ -243,12 +247,7 @@ def _vnni_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
     acc, first = "%zi8", ""
     for s, xs, w in parts:
         x = f"%x{r}_{xs}"
-        lines += [
-            f"{x}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
-            f"{x}b = vector.bitcast {x}a : vector<4xi8> to vector<1xi32>",
-            f"{x}c = vector.broadcast {x}b : vector<1xi32> to vector<8xi32>",
-            f"{x} = vector.bitcast {x}c : vector<8xi32> to vector<32xi8>",
-        ]
+        lines += _x_lines(r, xs)
         if not four:  # signed weights: |w| times x with w's sign
             lines.append(f"{x}s = {_intr('psign.b', x, f'%w{s}', '32xi8', '32xi8')}")
             x = f"{x}s"

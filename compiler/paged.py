@@ -114,17 +114,22 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
         f"  %NS = tensor.dim %cache, %c0 : {slab}",
         f"  %S = tensor.dim %ctx, %c1 : tensor<{t}x?xi32>",
     ]
+    operands = []
     for arg, ty in (("q", f"tensor<{t}x{hhd}xf32>"), ("ctx", f"tensor<{t}x?xi32>"), ("kn", rows), ("vn", rows),
                     ("len", f"tensor<{t}xi32>")):  # fmt: skip
-        cast = f"tensor.cast %{arg} : {ty} to {dyn[ty]}" if t != "?" else f"tensor.cast %{arg} : {ty} to {ty}"
-        lines.append(f"  %{arg}_d = {cast}")
+        if t == "?":  # already the dispatch's dynamic type
+            operands.append(f"%{arg}")
+            continue
+        lines.append(f"  %{arg}_d = tensor.cast %{arg} : {ty} to {dyn[ty]}")
+        operands.append(f"%{arg}_d")
+    q_d, ctx_d, kn_d, vn_d, len_d = operands
     lines += [
-        f"  %y = flow.dispatch @{name}_ex::@{name}[%T](%q_d, %cache, %ctx_d, %kn_d, %vn_d, %len_d, %T, %NS, %S, "
+        f"  %y = flow.dispatch @{name}_ex::@{name}[%T]({q_d}, %cache, {ctx_d}, {kn_d}, {vn_d}, {len_d}, %T, %NS, %S, "
         f"%layer) : (tensor<?x{hhd}xf32>{{%T}}, {slab}{{%NS}}, tensor<?x?xi32>{{%T, %S}}, "
         f"tensor<?x{heads_kv}x{hd}xf32>{{%T}}, tensor<?x{heads_kv}x{hd}xf32>{{%T}}, tensor<?xi32>{{%T}}, "
         f"index, index, index, index) -> tensor<?x{hhd}xf32>{{%T}}",
-        f"  %yc = tensor.cast %y : tensor<?x{hhd}xf32> to tensor<{t}x{hhd}xf32>",
-        f"  return %yc : tensor<{t}x{hhd}xf32>",
+        *([f"  %yc = tensor.cast %y : tensor<?x{hhd}xf32> to tensor<{t}x{hhd}xf32>"] if t != "?" else []),
+        f"  return {'%yc' if t != '?' else '%y'} : tensor<{t}x{hhd}xf32>",
         "}",
     ]
     return executable + "\n".join(lines) + "\n"
