@@ -97,6 +97,7 @@ class Body:
         self.t = "?" if dynamic else "1"
         self.lines: list[str] = []
         self._counter = itertools.count(1)
+        self._rope_tables: dict[tuple[str, int, float, float, float], tuple[str, str]] = {}
 
     def single_token_view(self) -> Body:
         """The same body, with ops specialised for one token (the last position's logits)."""
@@ -218,15 +219,34 @@ class Body:
     def rope(self, x: str, start: str, heads: int, head_dim: int, n_rot: int, base: float, hint: str) -> str:
         """RoPE at positions `start` + t, or, when `start` names a [T] i32 tensor (`per_row`), at
         each row's own position (a batch of sequences)."""
-        name = f"rope_norm_{self.t_tag}{self._pos_tag}_{heads}x{head_dim}"
+        name = f"rope_norm_{self.t_tag}_{heads}x{head_dim}_r{n_rot}"
         subs = {
             "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
-            "NR2": str(n_rot // 2), "NEG2_OVER_NR": f32_const(-2.0 / n_rot), "BASE": f32_const(base),
-            **t_dims(self.dynamic), **self._pos_subs(),
+            "NR2": str(n_rot // 2), **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("rope_norm.mlir").substitute(subs))
-        hhd = self.act(heads * head_dim)
-        return self.call(name, [(x, hhd), (start, self._pos_type)], hhd, hint)
+        cs, sn = self.rope_table(start, head_dim // 2, -2.0 / n_rot, base, 1.0)
+        hhd, tab = self.act(heads * head_dim), self.act(head_dim // 2)
+        return self.call(name, [(x, hhd), (cs, tab), (sn, tab)], hhd, hint)
+
+    def rope_table(self, start: str, pairs: int, neg2_over_nr: float, base: float, scale: float) -> tuple[str, str]:
+        """cos and sin [T, pairs] of this step's RoPE angles, emitted once per step and kind; every
+        layer's rope reads them (computing them in each rope was 10% of a batch-of-8 decode step)."""
+        key = (start, pairs, neg2_over_nr, base, scale)
+        found = self._rope_tables.get(key)
+        if found is not None:
+            return found
+        name = f"rope_table_{self.t_tag}{self._pos_tag}_{pairs}_n{_sym(neg2_over_nr)}_b{_sym(base)}_s{_sym(scale)}"
+        subs = {
+            "NAME": name, "P": str(pairs), "NEG2_OVER_NR": f32_const(neg2_over_nr), "BASE": f32_const(base),
+            "FREQ_SCALE": f32_const(scale), **t_dims(self.dynamic), **self._pos_subs(),
+        }  # fmt: skip
+        self.mod.helper(name, template("rope_table.mlir").substitute(subs))
+        tab = self.act(pairs)
+        cs, sn = self.fresh("rope_cos"), self.fresh("rope_sin")
+        self.emit(f"{cs}, {sn} = func.call @{name}({start}, %T) : ({self._pos_type}, index) -> ({tab}, {tab})")
+        self._rope_tables[key] = (cs, sn)
+        return cs, sn
 
     per_row = False  # positions come per row from a [T] i32 tensor (batched decode)
     rows = 0  # a decode batch of this many rows (T = ? in the types, static in fact): batch kernels
@@ -240,13 +260,15 @@ class Body:
         return f"tensor<{self.t}xi32>" if self.per_row else "index"
 
     def _pos_subs(self) -> dict[str, str]:
+        """rope_table's position placeholders: `start` + t, or each row's own, read from `%pos`."""
+        dims = {"DIMS": "{%T}" if self.dynamic else ""}
         if not self.per_row:
-            return {"POS_ARG": "%start: index", "POS_EXPR": "%p = arith.addi %start, %t : index"}
-        return {
-            "POS_ARG": f"%pos: tensor<{self.t}xi32>",
-            "POS_EXPR": f"%pe = tensor.extract %pos[%t] : tensor<{self.t}xi32>\n"
-            "      %p = arith.index_cast %pe : i32 to index",
-        }
+            pos = {"POS_ARG": "%start: index", "POS_EXPR": "%p = arith.addi %start, %t : index"}
+            return {**dims, **pos, "IN_MAP": "", "INS": "", "IN_ARG": ""}
+        ids = f"tensor<{self.t}xi32>"
+        pos = {"POS_ARG": f"%pos: {ids}", "POS_EXPR": "%p = arith.index_cast %pe : i32 to index"}
+        inputs = {"IN_MAP": "affine_map<(t, i) -> (t)>, ", "INS": f"ins(%pos : {ids}) ", "IN_ARG": "%pe: i32, "}
+        return {**dims, **pos, **inputs}
 
     def elementwise(self, op: str, a: str, b: str, d: int, hint: str) -> str:
         suffix = f"{self.t_tag}_{d}"
@@ -272,15 +294,15 @@ class Body:
         self, x: str, start: str, heads: int, head_dim: int, base: float, freq_scale: float, hint: str
     ) -> str:
         """NEOX RoPE (dim i pairs with i + head_dim/2) over every dim, positions scaled by `freq_scale`."""
-        name = f"rope_neox_{self.t_tag}{self._pos_tag}_{heads}x{head_dim}_b{_sym(base)}_s{_sym(freq_scale)}"
+        name = f"rope_neox_{self.t_tag}_{heads}x{head_dim}"
         subs = {
             "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
-            "NEG2_OVER_NR": f32_const(-2.0 / head_dim), "BASE": f32_const(base),
-            "FREQ_SCALE": f32_const(freq_scale), **t_dims(self.dynamic), **self._pos_subs(),
+            **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("rope_neox.mlir").substitute(subs))
-        hhd = self.act(heads * head_dim)
-        return self.call(name, [(x, hhd), (start, self._pos_type)], hhd, hint)
+        cs, sn = self.rope_table(start, head_dim // 2, -2.0 / head_dim, base, freq_scale)
+        hhd, tab = self.act(heads * head_dim), self.act(head_dim // 2)
+        return self.call(name, [(x, hhd), (cs, tab), (sn, tab)], hhd, hint)
 
     def rmsnorm_heads(self, x: str, w: str, heads: int, head_dim: int, eps: float, hint: str) -> str:
         """RMSNorm of each head of x [T, heads*head_dim] with one [head_dim] weight (QK-norm)."""

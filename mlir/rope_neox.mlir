@@ -1,35 +1,20 @@
 // RoPE in llama.cpp's NEOX mode (qwen2, qwen3, gemma3): dim i of a head pairs with dim i + HD/2.
 // x: [T, H*HD] at positions start + t, viewed as [T, H, 2, P] with P = HD/2 (every dim rotates).
 // Pair i rotates by theta = (start + t) * FREQ_SCALE * BASE^(-2i/HD); FREQ_SCALE is linear scaling.
-// (In a batch of sequences each row has its own position: POS_ARG/POS_EXPR read it from %pos.)
-func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, ${POS_ARG}) -> tensor<${T}x${HHD}xf32> {
+// cs/sn [T, HD/2]: cos and sin of each row's angle per pair (rope_table.mlir, once per step).
+func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %cst: tensor<${T}x${P}xf32>, %snt: tensor<${T}x${P}xf32>) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %x, %c0 : tensor<${T}x${HHD}xf32>
   %xr = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [${TV}, ${H}, 2, ${P}]
       : tensor<${T}x${HHD}xf32> into tensor<${T}x${H}x2x${P}xf32>
   %e = tensor.empty(${DYN}) : tensor<${T}x${H}x2x${P}xf32>
   %r = linalg.generic {indexing_maps = [affine_map<(t, h, c, i) -> (t, h, 0, i)>,
-        affine_map<(t, h, c, i) -> (t, h, 1, i)>, affine_map<(t, h, c, i) -> (t, h, c, i)>],
+        affine_map<(t, h, c, i) -> (t, h, 1, i)>, affine_map<(t, h, c, i) -> (t, i)>,
+        affine_map<(t, h, c, i) -> (t, i)>, affine_map<(t, h, c, i) -> (t, h, c, i)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%xr, %xr : tensor<${T}x${H}x2x${P}xf32>, tensor<${T}x${H}x2x${P}xf32>) outs(%e : tensor<${T}x${H}x2x${P}xf32>) {
-    ^bb0(%x0: f32, %x1: f32, %o: f32):
-      %t = linalg.index 0 : index
+      ins(%xr, %xr, %cst, %snt : tensor<${T}x${H}x2x${P}xf32>, tensor<${T}x${H}x2x${P}xf32>, tensor<${T}x${P}xf32>, tensor<${T}x${P}xf32>) outs(%e : tensor<${T}x${H}x2x${P}xf32>) {
+    ^bb0(%x0: f32, %x1: f32, %cs: f32, %sn: f32, %o: f32):
       %c = linalg.index 2 : index
-      %i = linalg.index 3 : index
-      ${POS_EXPR}
-      %pi = arith.index_cast %p : index to i64
-      %pf0 = arith.sitofp %pi : i64 to f32
-      %fs = arith.constant ${FREQ_SCALE} : f32
-      %pf = arith.mulf %pf0, %fs : f32
-      %ii = arith.index_cast %i : index to i64
-      %if = arith.sitofp %ii : i64 to f32
-      %k = arith.constant ${NEG2_OVER_NR} : f32
-      %ex = arith.mulf %if, %k : f32
-      %base = arith.constant ${BASE} : f32
-      %fr = math.powf %base, %ex : f32
-      %th = arith.mulf %pf, %fr : f32
-      %cs = math.cos %th : f32
-      %sn = math.sin %th : f32
       %a = arith.mulf %x0, %cs : f32
       %b = arith.mulf %x1, %sn : f32
       %r0 = arith.subf %a, %b : f32

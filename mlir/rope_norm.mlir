@@ -1,33 +1,21 @@
 // RoPE on adjacent pairs (llama.cpp's "norm" mode; GGUF llama q/k weights are permuted for it).
 // x: [T, H*HD] at positions start + t. Pair i of a head (i < NR/2) rotates by
 // theta = pos * base^(-2i/NR); dims past NR (partial rotary) pass through.
-// (In a batch of sequences each row has its own position: POS_ARG/POS_EXPR read it from %pos.)
-func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, ${POS_ARG}) -> tensor<${T}x${HHD}xf32> {
+// cs/sn [T, HD/2]: cos and sin of each row's angle per pair (rope_table.mlir, once per step).
+func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %cst: tensor<${T}x${P}xf32>, %snt: tensor<${T}x${P}xf32>) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %x, %c0 : tensor<${T}x${HHD}xf32>
   %xr = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [${TV}, ${H}, ${P}, 2]
       : tensor<${T}x${HHD}xf32> into tensor<${T}x${H}x${P}x2xf32>
   %e = tensor.empty(${DYN}) : tensor<${T}x${H}x${P}x2xf32>
   %r = linalg.generic {indexing_maps = [affine_map<(t, h, i, c) -> (t, h, i, 0)>,
-        affine_map<(t, h, i, c) -> (t, h, i, 1)>, affine_map<(t, h, i, c) -> (t, h, i, c)>],
+        affine_map<(t, h, i, c) -> (t, h, i, 1)>, affine_map<(t, h, i, c) -> (t, i)>,
+        affine_map<(t, h, i, c) -> (t, i)>, affine_map<(t, h, i, c) -> (t, h, i, c)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%xr, %xr : tensor<${T}x${H}x${P}x2xf32>, tensor<${T}x${H}x${P}x2xf32>) outs(%e : tensor<${T}x${H}x${P}x2xf32>) {
-    ^bb0(%x0: f32, %x1: f32, %o: f32):
-      %t = linalg.index 0 : index
+      ins(%xr, %xr, %cst, %snt : tensor<${T}x${H}x${P}x2xf32>, tensor<${T}x${H}x${P}x2xf32>, tensor<${T}x${P}xf32>, tensor<${T}x${P}xf32>) outs(%e : tensor<${T}x${H}x${P}x2xf32>) {
+    ^bb0(%x0: f32, %x1: f32, %cs: f32, %sn: f32, %o: f32):
       %i = linalg.index 2 : index
       %c = linalg.index 3 : index
-      ${POS_EXPR}
-      %pi = arith.index_cast %p : index to i64
-      %pf = arith.sitofp %pi : i64 to f32
-      %ii = arith.index_cast %i : index to i64
-      %if = arith.sitofp %ii : i64 to f32
-      %k = arith.constant ${NEG2_OVER_NR} : f32
-      %ex = arith.mulf %if, %k : f32
-      %base = arith.constant ${BASE} : f32
-      %fr = math.powf %base, %ex : f32
-      %th = arith.mulf %pf, %fr : f32
-      %cs = math.cos %th : f32
-      %sn = math.sin %th : f32
       %a = arith.mulf %x0, %cs : f32
       %b = arith.mulf %x1, %sn : f32
       %r0 = arith.subf %a, %b : f32
