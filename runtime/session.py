@@ -27,10 +27,13 @@ from zinc.runtime.device import DeviceSpec, to_host
 from zinc.runtime.module import LoadedModule
 
 DEFAULT_CONTEXT = 2048
-# Tokens per prefill call, per target. It bounds the attention scores' memory; on Vulkan it is 8
-# because IREE 3.13's SPIR-V code for the attention softmax over a dynamic token count above 8
-# computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model covers it).
-PREFILL_CHUNK = {"cpu": 256, "vulkan": 8}
+# Tokens per prefill call, per target. It bounds the step's transient memory (activations and
+# attention scores, kept by the allocator once used): on the CPU 128, the scheduler's chunk too
+# (a 512-token prompt at the same speed as in 256-token calls, 14 MiB less peak RSS for SmolLM2);
+# on Vulkan 8, because IREE 3.13's SPIR-V code for the attention softmax over a dynamic token
+# count above 8 computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model
+# covers it).
+PREFILL_CHUNK = {"cpu": 128, "vulkan": 8}
 SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 
