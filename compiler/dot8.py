@@ -3,7 +3,7 @@
 Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_INT8` is not 0),
 the grouped weight layout (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a
 group side by side, 4 bytes of each row at a time; Q5_0's fifth bits re-ordered into one 32-bit
-word per load and nibble half, see `_repack_q5_0`; Q4_K and Q6_K are unpacked into 32-blocks with
+word per load and nibble half, see `_q5_0_fifth_bits`; Q4_K and Q6_K are unpacked into 32-blocks with
 f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
   - decode (`render_decode`, one token or a static batch of rows): a hand-written dispatch
     (`mlir/dot8_decode.mlir`, a `stream.executable` IREE compiles as it is). Each workgroup first
@@ -105,10 +105,8 @@ def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, A
         return _repack_q4_k(raw, n, k)
     if q.name == "Q6_K":
         return _repack_q6_k(raw, n, k)
-    if q.name == "Q5_0":
-        return _repack_q5_0(raw, n, k)
     blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
-    head = 4 if q.name == "Q4_1" else 2  # bytes of scales before the quants
+    head = {"Q4_1": 4, "Q5_0": 6}.get(q.name, 2)  # bytes of scales (and Q5_0's fifth bits) before the quants
     qs = _group(blocks[:, :, head:], ng, b, loads)
 
     def scale(lo: int) -> np.ndarray[Any, Any]:
@@ -118,28 +116,23 @@ def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, A
     out = {"qs": qs, "d": scale(0)}
     if q.name == "Q4_1":
         out["m"] = scale(2)
+    if q.name == "Q5_0":
+        out["qh"] = _q5_0_fifth_bits(blocks, ng, b)
     return out
 
 
-def _repack_q5_0(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """Q5_0 blocks (f16 d, u32 qh: bit j is element j's fifth bit, 16 bytes of nibbles: byte j
-    holds elements j and 16 + j) as Q4_0's planes plus `qh`: per group, block, load s and nibble
-    half h (0: low nibbles, elements 4s + i; 1: high, elements 16 + 4s + i) one 32-bit word whose
-    bit 8i + r is the fifth bit of element 16h + 4s + i of the group's row r. Broadcast to the 8
-    dwords of a vector, byte 4r + i (the load's byte of row r, element i) then holds that bit as
-    bit r: the kernel tests it against a constant mask, no shuffle. Sizes equal GGUF's."""
-    ng, b = n // G, k // 32
-    blocks = np.ascontiguousarray(raw).reshape(n, b, 22)
+def _q5_0_fifth_bits(blocks: U8, ng: int, b: int) -> np.ndarray[Any, Any]:
+    """Q5_0's fifth bits (the u32 `qh` after the block's f16 d: bit j is element j's; the 16
+    nibble bytes hold elements j and 16 + j in byte j) as the `qh` plane: per group, block, load s
+    and nibble half h (0: low nibbles, elements 4s + i; 1: high, elements 16 + 4s + i) one 32-bit
+    word whose bit 8i + r is the fifth bit of element 16h + 4s + i of the group's row r. Broadcast
+    to the 8 dwords of a vector, byte 4r + i (the load's byte of row r, element i) then holds that
+    bit as bit r: the kernel tests it against a constant mask, no shuffle. Sizes equal GGUF's."""
     qh = blocks[:, :, 2:6].copy().view("<u4")[..., 0]  # [n, b]
     bits = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, b, element]
     bits = bits.reshape(ng, G, b, 2, 4, 4).transpose(0, 2, 4, 3, 5, 1)  # [ng, b, s, h, i, r]
     words = np.packbits(bits, axis=-1, bitorder="little")[..., 0]  # [ng, b, s, h, i]: byte i, bit r
-    d = blocks[:, :, 0:2].copy().view(np.int16)[..., 0]
-    return {
-        "qs": _group(blocks[:, :, 6:], ng, b, 4),
-        "d": np.ascontiguousarray(d.reshape(ng, G, b).transpose(0, 2, 1)),
-        "qh": np.ascontiguousarray(words).view("<i4")[..., 0].astype(np.int32),
-    }
+    return np.ascontiguousarray(words).view("<i4")[..., 0].astype(np.int32)
 
 
 def _group(qs: np.ndarray[Any, Any], ng: int, b: int, loads: int) -> np.ndarray[Any, Any]:
@@ -271,7 +264,7 @@ def _load_lines(q: QuantType, rows: int) -> str:
     five = q.name == "Q5_0"
     for s in range(DOT8_TYPES[q.name]):
         lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
-        if five:  # nibble | 16 where the half's word has bit r in byte i (see _repack_q5_0)
+        if five:  # nibble | 16 where the half's word has bit r in byte i (see _q5_0_fifth_bits)
             for h, half in enumerate(("lo", "hi")):
                 v = f"{half}{s}"
                 lines += [

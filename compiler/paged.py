@@ -42,7 +42,8 @@ def attention_batch(
     b: Body, hp: HParams, layer: int, q: str, kv_new: tuple[str, str], lens: str, scale: float, window: int
 ) -> str:
     """One new token per row, each row its own sequence with `lens[t]` cached rows, read from the
-    slab through its slots `%ctx` inside the attention itself (mlir/attention_batch.mlir)."""
+    slab through its slots `%ctx` inside the attention itself (on the CPU the hand-written dispatch
+    mlir/attention_decode.mlir, on Vulkan the linalg form mlir/attention_batch.mlir)."""
     heads, heads_kv, head_dim = hp.head_count, hp.head_count_kv, hp.key_length
     win = window or NO_WINDOW
     if b.mod.tiled:  # the CPU: the hand-written online-softmax dispatch
