@@ -1,41 +1,35 @@
-"""The BPE engines behind `Tokenizer`, built with the HuggingFace `tokenizers` library.
+"""The engines behind `Tokenizer`: one raw stretch of text (special tokens split off) -> ids.
 
-Owns: `build_backend(vocab)`, which returns a `tokenizers.Tokenizer` that turns one raw stretch of
-text (special tokens already split off) into ids:
+Owns: the `Engine` protocol and `build_backend(vocab)`, which picks the engine:
 - `gpt2` vocabularies: the pre-type's split regexes, GPT-2 byte-level mapping, then BPE with the
   file's ranked merges (llama.cpp's `llm_tokenizer_bpe_session`). A byte with no token of its own
   (SmolLM2 has none for F1, F2 and a few control bytes) stays in place as the placeholder id
   `unknown_id(vocab)`, so that it keeps its neighbours from merging as in llama.cpp; the caller
   drops it afterwards, since llama.cpp emits nothing for it.
-- `llama` vocabularies (SentencePiece BPE, e.g. Gemma): no pre-splitting; spaces are already `▁`.
-  llama.cpp's `llm_tokenizer_spm_session` repeatedly joins the adjacent pair whose concatenation is
-  a token with the highest score (leftmost on ties) and spells leftover characters as `<0xNN>`
-  byte tokens. The same result comes from BPE with byte fallback and one merge per way of cutting
-  each token in two, ranked by the token's score (tests check this against a direct port).
-The backend's vocabulary (text <-> id, holding the gpt2 placeholder one past the real ids) is also
-the one `Tokenizer.token_id` / `token_text` read, so no Python copy of it is kept.
-Imports: tokenizers, zinc.tokenizer.vocab, zinc.tokenizer.pretokenize.
+  This one is the HuggingFace `tokenizers` library's BPE with a pre-tokenizer.
+- `llama` vocabularies (SentencePiece BPE, e.g. Gemma): `SpmEngine`, llama.cpp's score-ranked
+  merge loop in Python (`zinc.tokenizer.spm`); spaces are already `▁`. (BPE with one merge per way
+  of cutting each token in two gives the same ids, but that table costs hundreds of MiB.)
+The engine's vocabulary (text <-> id; for gpt2 holding the placeholder one past the real ids) is
+also the one `Tokenizer.token_id` / `token_text` read, so no second copy of it is kept.
+Imports: tokenizers, zinc.tokenizer.vocab, zinc.tokenizer.pretokenize, zinc.tokenizer.spm.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers
 
 from zinc.tokenizer.pretokenize import pre_tokenizer_spec
+from zinc.tokenizer.spm import SpmEngine
 from zinc.tokenizer.vocab import Vocab
 
 
-def _spm_merges(vocab: Vocab) -> list[tuple[str, str]]:
-    """Ranked by (-score, token id, cut): tokens sorted by (-score, id), each one's cuts in order."""
-    ids, scores, tokens = vocab.ids, vocab.scores, vocab.tokens
-    merges: list[tuple[str, str]] = []
-    for tok in sorted(range(len(tokens)), key=lambda t: (-scores[t], t)):
-        text = tokens[tok]
-        for cut in range(1, len(text)):
-            left, right = text[:cut], text[cut:]
-            if left in ids and right in ids:
-                merges.append((left, right))
-    return merges
+class Engine(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def token_to_id(self, text: str) -> int | None: ...
+    def id_to_token(self, token_id: int) -> str | None: ...
 
 
 def _gpt2_merges(vocab: Vocab) -> list[tuple[str, str]]:
@@ -59,10 +53,22 @@ def unknown_id(vocab: Vocab) -> int:
     return len(vocab.tokens)
 
 
-def build_backend(vocab: Vocab) -> Tokenizer:
+class _Gpt2Engine:
+    """A `tokenizers.Tokenizer` with the pre-type's split regexes, byte-level mapping and BPE."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self._tok = tok
+        self.token_to_id = tok.token_to_id
+        self.id_to_token = tok.id_to_token
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = self._tok.encode(text, add_special_tokens=False).ids
+        return ids
+
+
+def build_backend(vocab: Vocab) -> Engine:
     if vocab.is_spm:
-        model = models.BPE(vocab=vocab.ids, merges=_spm_merges(vocab), byte_fallback=True)
-        return Tokenizer(model)
+        return SpmEngine(vocab)
     spec = pre_tokenizer_spec(vocab.pre)
     ids = dict(vocab.ids)
     ids[_PLACEHOLDER] = unknown_id(vocab)
@@ -75,4 +81,4 @@ def build_backend(vocab: Vocab) -> Tokenizer:
     ]
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    return tok
+    return _Gpt2Engine(tok)

@@ -8,9 +8,10 @@ token), then add BOS/EOS as the model asks. `decode` concatenates token pieces (
 token stands for) and reads them as UTF-8; control and unknown tokens are left out unless
 `skip_special=False`, like llama.cpp's `special` flag. No clean-up of spaces is applied (neither
 supported model asks for it), so `decode(encode(s)) == s`.
-Memory: the `Vocab` is dropped once built. Token text <-> id lookups go to the backend's own
-vocabulary, and the pieces live in one bytes blob sliced by offset arrays (one small object per
-token would cost ~2 MiB for a 49k vocabulary).
+Memory: the `Vocab` object is dropped once built. Token text <-> id lookups go to the engine's
+own vocabulary (the `tokenizers` model for gpt2, the file's token -> id map for SentencePiece),
+and the pieces live in one bytes blob sliced by offset arrays (one small object per token would
+cost ~2 MiB for a 49k vocabulary).
 Imports: tokenizers (through backend), zinc.errors, the vocab/special/backend modules.
 """
 
@@ -161,7 +162,7 @@ class Tokenizer:
                 if self._add_space_prefix and prev_special:
                     part = " " + part
                 part = part.replace(" ", SPM_SPACE)
-            ids = backend.encode(part, add_special_tokens=False).ids
+            ids = backend.encode(part)
             out.extend(ids if self._no_token not in ids else [i for i in ids if i != self._no_token])
             prev_special = False
         if add_special and self._add_eos and self.eos_id is not None:
