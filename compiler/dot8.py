@@ -12,7 +12,9 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics; `vpdpbusd` where the host has AVX-VNNI or
     AVX-512 VNNI, see `vnni()`), 8 output rows per vector, scales in f32
     (Q5_0: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
-    1 << row and a compare, then OR-ed into the nibbles as 16);
+    1 << row and a compare, then OR-ed into the nibbles as 16). Kernels of several rows on a host
+    with AVX-512 VNNI put two groups side by side in 512-bit vectors, 16 output rows per
+    `vpdpbusd` (`lanes`, `wide_enabled()`): the same layout, half the instructions per product;
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
@@ -37,6 +39,10 @@ DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}
 # scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's weights are
 # signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
 F32_SCALES = ("Q4_K", "Q6_K")
+# the 512-bit form: not Q8_0, which reads twice the
+# bytes per product: its batch kernels are bound by the reading, and the two groups' streams at
+# once made them slower (SmolLM2's output head in a batch of 4: 785 -> 900 us; Gemma 3's 5.0 -> 5.6 ms)
+WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 TARGET_WORKGROUPS = 16  # workgroups per dispatch: each quantizes the activations once
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
@@ -74,6 +80,27 @@ def vnni() -> bool:
     """Whether the kernels multiply-accumulate bytes with `vpdpbusd` (one instruction into i32)
     instead of `vpmaddubsw` + `vpmaddwd` + add; `ZINC_CPU_VNNI=0` keeps the AVX2 form."""
     return os.environ.get("ZINC_CPU_VNNI", "1") != "0" and host_vnni()
+
+
+def host_wide() -> bool:
+    """`vpdpbusd` in 512 bits: AVX-512 F, BW and VNNI."""
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags()
+
+
+def wide_enabled() -> bool:
+    """Whether kernels may put two groups of 8 rows side by side in 512-bit vectors (16 output
+    rows per `vpdpbusd`, half the instructions per product of the 256-bit form); `ZINC_CPU_WIDE=0`
+    keeps 256 bits. Each output lane does the same operations either way, so results are equal."""
+    return os.environ.get("ZINC_CPU_WIDE", "1") != "0" and vnni() and host_wide()
+
+
+def lanes(q: QuantType, n: int, rows: int) -> int:
+    """Output rows per vector of a kernel over `rows` activation rows for an [n, k] weight of type
+    `q`: 16 where `wide_enabled()`, the kernel has more than one row (the one-token kernel is
+    bound by reading the weights), the type is one of `WIDE_TYPES` and the row groups pair up;
+    else 8."""
+    wide = wide_enabled() and rows > 1 and q.name in WIDE_TYPES
+    return 16 if wide and (n // G) % 2 == 0 else 8
 
 
 def supports(q: QuantType, n: int, k: int) -> bool:
@@ -171,15 +198,15 @@ def decode_name(q: QuantType, n: int, k: int, rows: int = 0) -> str:
     return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}"
 
 
-def _x_lines(r: int, xs: int) -> list[str]:
+def _x_lines(r: int, xs: int, v: int = G) -> list[str]:
     """`%x{r}_{xs}`: the 4 quantized activations of row r at byte 4 * xs of the block, repeated
-    across the 32 bytes so that each row of the weight group meets them."""
+    across the vector's 4 v bytes so that each of its v weight rows meets them."""
     x = f"%x{r}_{xs}"
     return [
         f"{x}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
         f"{x}b = vector.bitcast {x}a : vector<4xi8> to vector<1xi32>",
-        f"{x}c = vector.broadcast {x}b : vector<1xi32> to vector<8xi32>",
-        f"{x} = vector.bitcast {x}c : vector<8xi32> to vector<32xi8>",
+        f"{x}c = vector.broadcast {x}b : vector<1xi32> to vector<{v}xi32>",
+        f"{x} = vector.bitcast {x}c : vector<{v}xi32> to vector<{4 * v}xi8>",
     ]
 
 
@@ -229,9 +256,10 @@ def _avx2_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
     return lines, first, acc
 
 
-def _vnni_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
+def _vnni_sums(q: QuantType, r: int, v: int = G) -> tuple[list[str], str, str]:
     """The same with `vpdpbusd` (u8 x s8, 4 products per i32 lane, accumulated in one instruction;
-    no i16 step, so nothing can saturate)."""
+    no i16 step, so nothing can saturate), in v lanes (256 or 512 bits). AVX-512 has no `vpsignb`:
+    there x takes w's sign by a compare and a select (x is never -128, so -x fits)."""
     lines: list[str] = []
     four = DOT8_TYPES[q.name] == 4
     parts = [(s, s, f"lo{s}") for s in range(4)] + [(s, 4 + s, f"hi{s}") for s in range(4)]
@@ -240,81 +268,120 @@ def _vnni_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
     acc, first = "%zi8", ""
     for s, xs, w in parts:
         x = f"%x{r}_{xs}"
-        lines += _x_lines(r, xs)
-        if not four:  # signed weights: |w| times x with w's sign
+        lines += _x_lines(r, xs, v)
+        if not four and v == G:  # signed weights: |w| times x with w's sign
             lines.append(f"{x}s = {_intr('psign.b', x, f'%w{s}', '32xi8', '32xi8')}")
+            x = f"{x}s"
+        elif not four:
+            vb = f"vector<{4 * v}xi8>"
+            lines += [
+                f"{x}n = arith.subi %zb, {x} : {vb}",
+                f"{x}s = arith.select %neg{s}, {x}n, {x} : vector<{4 * v}xi1>, {vb}",
+            ]
             x = f"{x}s"
         if q.name == "Q6_K" and xs == 4:  # the second 16 weights of the block: their own scale
             first, acc = acc, "%zi8"
         lines.append(
-            f'%s{r}_{xs} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.256"({acc}, %{w}, {x}) '
-            ": (vector<8xi32>, vector<32xi8>, vector<32xi8>) -> vector<8xi32>"
+            f'%s{r}_{xs} = llvm.call_intrinsic "llvm.x86.avx512.vpdpbusd.{32 * v}"({acc}, %{w}, {x}) '
+            f": (vector<{v}xi32>, vector<{4 * v}xi8>, vector<{4 * v}xi8>) -> vector<{v}xi32>"
         )
         acc = f"%s{r}_{xs}"
     return lines, first, acc
 
 
-def _load_lines(q: QuantType, rows: int) -> str:
+def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
     """Per block of a group: the 32-byte loads, per row the integer sums (`_vnni_sums` where the
     host has VNNI, else `_avx2_sums`) and the scaled f32 accumulation. Q5_0's quants are the
-    nibbles with 16 added where the fifth bit is set (0..31, the -16 is the offset term)."""
+    nibbles with 16 added where the fifth bit is set (0..31, the -16 is the offset term).
+    With v = 16 lanes a vector holds the same load of groups %ga and %ga + 1 (`_wide_load`)."""
     lines: list[str] = []
+    vb, vi, vf = f"vector<{4 * v}xi8>", f"vector<{v}xi32>", f"vector<{v}xf32>"
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
     five = q.name == "Q5_0"
     for s in range(DOT8_TYPES[q.name]):
-        lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
+        if v == G:
+            lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
+        else:
+            lines += _wide_load(f"%w{s}", "%wq", f"%b, %c{s}, %c0", "${QS}", "32xi8")
         if five:  # nibble | 16 where the half's word has bit r in byte i (see _q5_0_fifth_bits)
             for h, half in enumerate(("lo", "hi")):
-                v = f"{half}{s}"
-                lines += [
-                    f"%{v}n = arith.andi %w{s}, %m15 : vector<32xi8>"
+                hv = f"{half}{s}"
+                lines.append(
+                    f"%{hv}n = arith.andi %w{s}, %m15 : {vb}"
                     if h == 0
-                    else f"%{v}n = arith.shrui %w{s}, %c4v : vector<32xi8>",
-                    f"%{v}h = memref.load %wh[%g, %b, %c{s}, %c{h}] : memref<${{QH}}>",
-                    f"%{v}hv = vector.broadcast %{v}h : i32 to vector<8xi32>",
-                    f"%{v}hb = vector.bitcast %{v}hv : vector<8xi32> to vector<32xi8>",
-                    f"%{v}ha = arith.andi %{v}hb, %bitr : vector<32xi8>",
-                    f"%{v}hm = arith.cmpi eq, %{v}ha, %bitr : vector<32xi8>",
-                    f"%{v}h16 = arith.select %{v}hm, %c16v, %c0v : vector<32xi1>, vector<32xi8>",
-                    f"%{v} = arith.ori %{v}n, %{v}h16 : vector<32xi8>",
+                    else f"%{hv}n = arith.shrui %w{s}, %c4v : {vb}"
+                )
+                if v == G:
+                    lines += [
+                        f"%{hv}h = memref.load %wh[%g, %b, %c{s}, %c{h}] : memref<${{QH}}>",
+                        f"%{hv}hv = vector.broadcast %{hv}h : i32 to vector<8xi32>",
+                    ]
+                else:  # each group's word over its own 8 lanes
+                    lines += [
+                        f"%{hv}ha_ = memref.load %wh[%ga, %b, %c{s}, %c{h}] : memref<${{QH}}>",
+                        f"%{hv}hb_ = memref.load %wh[%gb, %b, %c{s}, %c{h}] : memref<${{QH}}>",
+                        f"%{hv}hva = vector.broadcast %{hv}ha_ : i32 to vector<8xi32>",
+                        f"%{hv}hvb = vector.broadcast %{hv}hb_ : i32 to vector<8xi32>",
+                        f"%{hv}hv = vector.shuffle %{hv}hva, %{hv}hvb [{', '.join(map(str, range(16)))}] "
+                        ": vector<8xi32>, vector<8xi32>",
+                    ]
+                lines += [
+                    f"%{hv}hb = vector.bitcast %{hv}hv : {vi} to {vb}",
+                    f"%{hv}ha = arith.andi %{hv}hb, %bitr : {vb}",
+                    f"%{hv}hm = arith.cmpi eq, %{hv}ha, %bitr : {vb}",
+                    f"%{hv}h16 = arith.select %{hv}hm, %c16v, %c0v : vector<{4 * v}xi1>, {vb}",
+                    f"%{hv} = arith.ori %{hv}n, %{hv}h16 : {vb}",
                 ]
         elif four:
             lines += [
-                f"%lo{s} = arith.andi %w{s}, %m15 : vector<32xi8>",
-                f"%hi{s} = arith.shrui %w{s}, %c4v : vector<32xi8>",
+                f"%lo{s} = arith.andi %w{s}, %m15 : {vb}",
+                f"%hi{s} = arith.shrui %w{s}, %c4v : {vb}",
             ]
         else:
-            lines.append(f"%aw{s} = math.absi %w{s} : vector<32xi8>")
+            lines.append(f"%aw{s} = math.absi %w{s} : {vb}")
+            if v != G:
+                lines.append(f"%neg{s} = arith.cmpi slt, %w{s}, %zb : {vb}")
     for r in range(rows):
-        sums, first, acc = _vnni_sums(q, r) if vnni() else _avx2_sums(q, r)
+        sums, first, acc = _vnni_sums(q, r, v) if vnni() else _avx2_sums(q, r)
         lines += sums
         lines += [
             f"%dx{r} = memref.load %dx[%c{r}, %b] : memref<${{DX}}>",
-            f"%dxv{r} = vector.broadcast %dx{r} : f32 to vector<8xf32>",
-            f"%t{r} = arith.mulf %dw, %dxv{r} : vector<8xf32>",
+            f"%dxv{r} = vector.broadcast %dx{r} : f32 to {vf}",
+            f"%t{r} = arith.mulf %dw, %dxv{r} : {vf}",
         ]
         if halves16:
             lines += [
-                f"%fa{r} = arith.sitofp {first} : vector<8xi32> to vector<8xf32>",
-                f"%ax{r} = math.fma %fa{r}, %t{r}, %acc{r} : vector<8xf32>",
-                f"%f{r} = arith.sitofp {acc} : vector<8xi32> to vector<8xf32>",
-                f"%t2{r} = arith.mulf %d2w, %dxv{r} : vector<8xf32>",
-                f"%a{r} = math.fma %f{r}, %t2{r}, %ax{r} : vector<8xf32>",
+                f"%fa{r} = arith.sitofp {first} : {vi} to {vf}",
+                f"%ax{r} = math.fma %fa{r}, %t{r}, %acc{r} : {vf}",
+                f"%f{r} = arith.sitofp {acc} : {vi} to {vf}",
+                f"%t2{r} = arith.mulf %d2w, %dxv{r} : {vf}",
+                f"%a{r} = math.fma %f{r}, %t2{r}, %ax{r} : {vf}",
             ]
             continue
         lines += [
-            f"%f{r} = arith.sitofp {acc} : vector<8xi32> to vector<8xf32>",
-            f"%a{r}{'' if q.name == 'Q8_0' else 'x'} = math.fma %f{r}, %t{r}, %acc{r} : vector<8xf32>",
+            f"%f{r} = arith.sitofp {acc} : {vi} to {vf}",
+            f"%a{r}{'' if q.name == 'Q8_0' else 'x'} = math.fma %f{r}, %t{r}, %acc{r} : {vf}",
         ]
         # + m * sum(x) (Q4_1), - 8 d * sum(x) (Q4_0) or - 16 d * sum(x) (Q5_0), sum(x) as d_x * sum(q_x)
         if q.name != "Q8_0":
             lines += [
                 f"%sx{r} = memref.load %sx[%c{r}, %b] : memref<${{DX}}>",
-                f"%sxv{r} = vector.broadcast %sx{r} : f32 to vector<8xf32>",
-                f"%a{r} = math.fma %mw, %sxv{r}, %a{r}x : vector<8xf32>",
+                f"%sxv{r} = vector.broadcast %sx{r} : f32 to {vf}",
+                f"%a{r} = math.fma %mw, %sxv{r}, %a{r}x : {vf}",
             ]
     return "\n".join("          " + ln for ln in lines)
+
+
+def _wide_load(out: str, mem: str, idx: str, shape: str, ty: str) -> list[str]:
+    """`out`: the vector at `idx` of groups %ga and %ga + 1 of `mem`, side by side (one 512-bit value)."""
+    n = int(ty.split("x")[0])
+    p = out.lstrip("%")
+    return [
+        f"%{p}ga = vector.load {mem}[%ga, {idx}] : memref<{shape}>, vector<{ty}>",
+        f"%{p}gb = vector.load {mem}[%gb, {idx}] : memref<{shape}>, vector<{ty}>",
+        f"{out} = vector.shuffle %{p}ga, %{p}gb [{', '.join(map(str, range(2 * n)))}] : vector<{ty}>, vector<{ty}>",
+    ]
 
 
 def _intr(name: str, a: str, b: str, ty: str, out: str) -> str:
@@ -367,16 +434,24 @@ def render_prefill(q: QuantType, n: int, k: int) -> str:
     return _render(q, n, k, name, PREFILL_ROWS, wrapper, prefill=True)
 
 
-def _scale_load(q: QuantType, plane: str, out: str) -> str:
-    """Lines loading the 8 rows' scales of block %b of group %g from `plane` as f32 `out`."""
-    if q.name in F32_SCALES:
-        return f"{out} = vector.load {plane}[%g, %b, %c0] : memref<${{DS}}>, vector<8xf32>"
-    p = out.lstrip("%")
-    return (
-        f"%{p}bits = vector.load {plane}[%g, %b, %c0] : memref<${{DS}}>, vector<8xi16>\n"
-        f"          %{p}h = arith.bitcast %{p}bits : vector<8xi16> to vector<8xf16>\n"
-        f"          {out} = arith.extf %{p}h : vector<8xf16> to vector<8xf32>"
-    )
+def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
+    """Lines loading the v rows' scales of block %b of group %g (v = 16: groups %ga, %ga + 1)
+    from `plane` as f32 `out`."""
+    f32 = q.name in F32_SCALES
+    raw = out if f32 else f"{out}bits"
+    if v == G:
+        lines = [
+            f"{raw} = vector.load {plane}[%g, %b, %c0] : memref<${{DS}}>, vector<8x{'f32' if f32 else 'i16'}>"
+        ]
+    else:
+        lines = _wide_load(raw, plane, "%b, %c0", "${DS}", "8xf32" if f32 else "8xi16")
+    if not f32:
+        p = out.lstrip("%")
+        lines += [
+            f"%{p}h = arith.bitcast %{p}bits : vector<{v}xi16> to vector<{v}xf16>",
+            f"{out} = arith.extf %{p}h : vector<{v}xf16> to vector<{v}xf32>",
+        ]
+    return "\n          ".join(lines)
 
 
 def _repack_q6_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -411,24 +486,31 @@ def _operands(q: QuantType, n: int, k: int) -> tuple[str, str]:
 
 def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefill: bool) -> str:
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
-    per_wg = max(1, -(-ng // TARGET_WORKGROUPS))
-    nwg = -(-ng // per_wg)
+    v = lanes(q, n, r)
+    units = ng // (v // G)  # the loop's steps: groups, or pairs of groups side by side
+    per_wg = max(1, -(-units // TARGET_WORKGROUPS))
+    nwg = -(-units // per_wg)
     types = plane_types(q, n, k)
-    dscale = _scale_load(q, "%wd", "%dw")
+    dscale = _scale_load(q, "%wd", "%dw", v)
+    if v != G:
+        dscale = (
+            "%ga = arith.muli %g, %c2 : index\n          %gb = arith.addi %ga, %c1 : index\n          "
+            + dscale
+        )
     if q.name == "Q6_K":
-        mscale = _scale_load(q, "%wd2", "%d2w")
+        mscale = _scale_load(q, "%wd2", "%d2w", v)
     elif q.name in ("Q4_1", "Q4_K"):
-        mscale = _scale_load(q, "%wm", "%mw")
+        mscale = _scale_load(q, "%wm", "%mw", v)
     elif q.name == "Q4_0":
-        mscale = "%mw = arith.mulf %dw, %m8 : vector<8xf32>"
+        mscale = f"%mw = arith.mulf %dw, %m8 : vector<{v}xf32>"
     elif q.name == "Q5_0":  # -16 d, and the constants that add the fifth bits
-        bitr = ", ".join(str(np.int8(np.uint8(1 << (i // 4)))) for i in range(32))
+        bitr = ", ".join(str(np.int8(np.uint8(1 << (i % 32 // 4)))) for i in range(4 * v))
         mscale = "\n          ".join([
-            "%m16 = arith.constant dense<-16.0> : vector<8xf32>",
-            "%mw = arith.mulf %dw, %m16 : vector<8xf32>",
-            f"%bitr = arith.constant dense<[{bitr}]> : vector<32xi8>",
-            "%c16v = arith.constant dense<16> : vector<32xi8>",
-            "%c0v = arith.constant dense<0> : vector<32xi8>",
+            f"%m16 = arith.constant dense<-16.0> : vector<{v}xf32>",
+            f"%mw = arith.mulf %dw, %m16 : vector<{v}xf32>",
+            f"%bitr = arith.constant dense<[{bitr}]> : vector<{4 * v}xi8>",
+            f"%c16v = arith.constant dense<16> : vector<{4 * v}xi8>",
+            f"%c0v = arith.constant dense<0> : vector<{4 * v}xi8>",
         ])  # fmt: skip
     else:
         mscale = ""
@@ -447,11 +529,11 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
         acc = f"%acc#{i}" if r > 1 else "%acc0"
         stores += [
             f"      %ry{i} = arith.addi %r0, %c{i} : index",
-            f"      vector.store {acc}, %y[%ry{i}, %n0] : memref<{xr}x{n}xf32>, vector<8xf32>",
+            f"      vector.store {acc}, %y[%ry{i}, %n0] : memref<{xr}x{n}xf32>, vector<{v}xf32>",
         ]
     text = template("dot8_decode.mlir").substitute(
         **shapes,
-        NAME=name, PER_WG=str(per_wg), NG=str(ng), R=str(r), B=str(b), K=str(k), N=str(n), XR=xr,
+        NAME=name, PER_WG=str(per_wg), NG=str(units), VL=str(v), VB=str(4 * v), R=str(r), B=str(b), K=str(k), N=str(n), XR=xr,
         WG_ARGS="%tp: index" if prefill else "",
         WG_COUNT=(f"    %c{r}w = arith.constant {r} : index\n    %nwg = arith.constant {nwg} : index\n"
                   f"    %tiles = arith.divui %tp, %c{r}w : index\n    %x = arith.muli %tiles, %nwg : index"
@@ -461,14 +543,14 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
                 if prefill else "    %tile = arith.constant 0 : index\n    %wg = stream.dispatch.workgroup.id[0] : index"),
         TP_ARG=", %tp: index" if prefill else "", TP="{%tp}" if prefill else "",
         CONSTS=consts, ITER_INIT=", ".join(f"%acc{i} = %zf" for i in range(r)),
-        ITER_TYPES=", ".join(["vector<8xf32>"] * r), YIELD=", ".join(f"%a{i}" for i in range(r)),
-        YIELD_TYPES=", ".join(["vector<8xf32>"] * r), RESULTS=f"%acc:{r}" if r > 1 else "%acc0",
+        ITER_TYPES=", ".join([f"vector<{v}xf32>"] * r), YIELD=", ".join(f"%a{i}" for i in range(r)),
+        YIELD_TYPES=", ".join([f"vector<{v}xf32>"] * r), RESULTS=f"%acc:{r}" if r > 1 else "%acc0",
         STORES="\n".join(stores), BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in types),
         WM="\n".join(
             f"    %{v} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<${{{shape}}}>"
             for p, v, shape in (("m", "wm", "DS"), ("d2", "wd2", "DS"), ("qh", "wh", "QH")) if p in types
         ),
-        DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r), WRAPPER=wrapper,
+        DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r, v), WRAPPER=wrapper,
     )  # fmt: skip
     for key, val in shapes.items():
         text = text.replace("${" + key + "}", val)

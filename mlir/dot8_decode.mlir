@@ -13,7 +13,8 @@
 // (+ m_w s_x, m_w = -8 d_w for Q4_0, -16 d_w for Q5_0) in f32, 8 output rows per vector.
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
 // XQ, DX, QH, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
-// WRAPPER (the private func that dispatches it).
+// WRAPPER (the private func that dispatches it), VL (output rows per vector: 8, or 16 where two
+// groups are side by side in 512 bits, see compiler/dot8.py `wide`), VB (bytes per vector: 4 VL).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(${WG_ARGS}) -> (index, index, index) {
 ${WG_COUNT}
@@ -81,12 +82,13 @@ ${WG_IDS}
         memref.store %sd, %sx[%r, %b] : memref<${DX}>
       }
     }
-    %m15 = arith.constant dense<15> : vector<32xi8>
-    %c4v = arith.constant dense<4> : vector<32xi8>
+    %m15 = arith.constant dense<15> : vector<${VB}xi8>
+    %c4v = arith.constant dense<4> : vector<${VB}xi8>
     %ones = arith.constant dense<1> : vector<16xi16>
-    %zi8 = arith.constant dense<0> : vector<8xi32>
-    %m8 = arith.constant dense<-8.0> : vector<8xf32>
-    %zf = arith.constant dense<0.0> : vector<8xf32>
+    %zi8 = arith.constant dense<0> : vector<${VL}xi32>
+    %zb = arith.constant dense<0> : vector<${VB}xi8>
+    %m8 = arith.constant dense<-8.0> : vector<${VL}xf32>
+    %zf = arith.constant dense<0.0> : vector<${VL}xf32>
     %g0 = arith.muli %wg, %cPW : index
     %g1a = arith.addi %g0, %cPW : index
     %g1 = arith.minui %g1a, %cNG : index
@@ -97,7 +99,7 @@ ${WG_IDS}
 ${BODY}
         scf.yield ${YIELD} : ${YIELD_TYPES}
       }
-      %n0 = arith.muli %g, %c8 : index
+      %n0 = arith.muli %g, %c${VL} : index
 ${STORES}
     }
     return

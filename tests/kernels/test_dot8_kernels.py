@@ -80,6 +80,11 @@ VNNI_FORMS = [
     pytest.param(
         "vnni", id="vnni", marks=pytest.mark.skipif(not dot8.host_vnni(), reason="this CPU lacks VNNI")
     ),
+    pytest.param(
+        "wide",
+        id="wide",
+        marks=pytest.mark.skipif(not dot8.host_wide(), reason="this CPU lacks AVX-512 VNNI"),
+    ),
 ]
 
 
@@ -89,8 +94,15 @@ VNNI_FORMS = [
 def test_dot8_kernels_match_dequantize(
     qtype: str, device: str, form: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ZINC_CPU_VNNI", "1" if form == "vnni" else "0")
-    assert dot8.vnni() == (form == "vnni")
+    monkeypatch.setenv("ZINC_CPU_VNNI", "0" if form == "avx2" else "1")
+    monkeypatch.setenv("ZINC_CPU_WIDE", "1" if form == "wide" else "0")
+    assert dot8.vnni() == (form != "avx2") and dot8.wide_enabled() == (form == "wide")
+    # the 512-bit form pairs the groups of 8 rows where their count is even (the shapes have both)
+    # in the kernels of more than one row; the single-token one, compared bit for bit below, keeps 8
+    if form == "wide" and qtype in dot8.WIDE_TYPES:
+        shapes = [n for n, _, _ in weights(qtype, np.random.default_rng(0))]
+        assert {dot8.lanes(QUANT_TYPES[qtype], n, 9) for n in shapes} == {8, 16}
+        assert {dot8.lanes(QUANT_TYPES[qtype], n, 1) for n in shapes} == {8}
     spec = DEVICES[device]()
     q = QUANT_TYPES[qtype]
     rng = np.random.default_rng(5)
