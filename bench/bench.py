@@ -626,8 +626,8 @@ def render(data: Json, history: str) -> str:
         "(zinc `session.decode`, llama.cpp `eval([token])` + argmax of the logits), timed together.",
         "- **Cold start:** wall time from spawning a new Python process to the first generated token of a "
         f"{COLD_PROMPT_TOKENS}-token prompt, with the compiled artifact already cached and the model file in the "
-        "page cache: interpreter start, imports, opening the model (zinc: cache lookup and loading the vmfb "
-        "and its parameter archive), prefill.",
+        "page cache: interpreter start, imports, opening the model (zinc: cache lookup, loading the vmfb "
+        "and its parameter archive, building the tokenizer), prefill.",
         "- **Decode under a JSON Schema** (zinc only): the same greedy decode through `generate_tokens` with an "
         "llguidance matcher for `{story: string}`: each step reads the logits back, masks them and takes the "
         "argmax. Compare with the plain decode row for the cost of structured output.",
