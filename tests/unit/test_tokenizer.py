@@ -252,7 +252,7 @@ def test_gemma_user_defined_tokens_always_match() -> None:
 
 
 def _spm_reference(text: str, vocab: Vocab) -> list[int]:
-    """A direct port of llama.cpp's SentencePiece merge loop, to check the tokenizers-based engine."""
+    """A direct port of llama.cpp's SentencePiece merge loop, written apart from `SpmEngine` to check it."""
     syms: list[str | None] = list(text)
     nxt = [*range(1, len(syms)), -1]
     prv = list(range(-1, len(syms) - 1))
