@@ -39,9 +39,9 @@ DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}
 # scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's weights are
 # signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
 F32_SCALES = ("Q4_K", "Q6_K")
-# the 512-bit form: not Q8_0, which reads twice the
-# bytes per product: its batch kernels are bound by the reading, and the two groups' streams at
-# once made them slower (SmolLM2's output head in a batch of 4: 785 -> 900 us; Gemma 3's 5.0 -> 5.6 ms)
+# the types with a 512-bit form; not Q8_0, which reads twice the bytes per product: its batch
+# kernels are bound by the reading, and two groups' streams at once made them slower (SmolLM2's
+# output head in a batch of 4: 785 -> 900 us; Gemma 3's 5.0 -> 5.6 ms)
 WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 TARGET_WORKGROUPS = 16  # workgroups per dispatch: each quantizes the activations once
@@ -293,17 +293,14 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
     """Per block of a group: the 32-byte loads, per row the integer sums (`_vnni_sums` where the
     host has VNNI, else `_avx2_sums`) and the scaled f32 accumulation. Q5_0's quants are the
     nibbles with 16 added where the fifth bit is set (0..31, the -16 is the offset term).
-    With v = 16 lanes a vector holds the same load of groups %ga and %ga + 1 (`_wide_load`)."""
+    With v = 16 lanes a vector holds the same load of groups %ga and %ga + 1 (`_group_load`)."""
     lines: list[str] = []
     vb, vi, vf = f"vector<{4 * v}xi8>", f"vector<{v}xi32>", f"vector<{v}xf32>"
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
     five = q.name == "Q5_0"
     for s in range(DOT8_TYPES[q.name]):
-        if v == G:
-            lines.append(f"%w{s} = vector.load %wq[%g, %b, %c{s}, %c0] : memref<${{QS}}>, vector<32xi8>")
-        else:
-            lines += _wide_load(f"%w{s}", "%wq", f"%b, %c{s}, %c0", "${QS}", "32xi8")
+        lines += _group_load(f"%w{s}", "%wq", f"%b, %c{s}, %c0", "${QS}", "32xi8", v)
         if five:  # nibble | 16 where the half's word has bit r in byte i (see _q5_0_fifth_bits)
             for h, half in enumerate(("lo", "hi")):
                 hv = f"{half}{s}"
@@ -373,8 +370,11 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
     return "\n".join("          " + ln for ln in lines)
 
 
-def _wide_load(out: str, mem: str, idx: str, shape: str, ty: str) -> list[str]:
-    """`out`: the vector at `idx` of groups %ga and %ga + 1 of `mem`, side by side (one 512-bit value)."""
+def _group_load(out: str, mem: str, idx: str, shape: str, ty: str, v: int) -> list[str]:
+    """`out`: the vector<`ty`> at `idx` of group %g of `mem` (v = 8 lanes), or those of groups %ga
+    and %ga + 1 side by side (v = 16: one 512-bit value)."""
+    if v == G:
+        return [f"{out} = vector.load {mem}[%g, {idx}] : memref<{shape}>, vector<{ty}>"]
     n = int(ty.split("x")[0])
     p = out.lstrip("%")
     return [
@@ -439,12 +439,7 @@ def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
     from `plane` as f32 `out`."""
     f32 = q.name in F32_SCALES
     raw = out if f32 else f"{out}bits"
-    if v == G:
-        lines = [
-            f"{raw} = vector.load {plane}[%g, %b, %c0] : memref<${{DS}}>, vector<8x{'f32' if f32 else 'i16'}>"
-        ]
-    else:
-        lines = _wide_load(raw, plane, "%b, %c0", "${DS}", "8xf32" if f32 else "8xi16")
+    lines = _group_load(raw, plane, "%b, %c0", "${DS}", "8xf32" if f32 else "8xi16", v)
     if not f32:
         p = out.lstrip("%")
         lines += [
@@ -492,11 +487,6 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
     nwg = -(-units // per_wg)
     types = plane_types(q, n, k)
     dscale = _scale_load(q, "%wd", "%dw", v)
-    if v != G:
-        dscale = (
-            "%ga = arith.muli %g, %c2 : index\n          %gb = arith.addi %ga, %c1 : index\n          "
-            + dscale
-        )
     if q.name == "Q6_K":
         mscale = _scale_load(q, "%wd2", "%d2w", v)
     elif q.name in ("Q4_1", "Q4_K"):

@@ -14,7 +14,7 @@
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
 // XQ, DX, QH, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
 // WRAPPER (the private func that dispatches it), VL (output rows per vector: 8, or 16 where two
-// groups are side by side in 512 bits, see compiler/dot8.py `wide`), VB (bytes per vector: 4 VL).
+// groups are side by side in 512 bits, see compiler/dot8.py `lanes`), VB (bytes per vector: 4 VL).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(${WG_ARGS}) -> (index, index, index) {
 ${WG_COUNT}
@@ -93,6 +93,8 @@ ${WG_IDS}
     %g1a = arith.addi %g0, %cPW : index
     %g1 = arith.minui %g1a, %cNG : index
     scf.for %g = %g0 to %g1 step %c1 {
+      %ga = arith.muli %g, %c2 : index  // with 16 lanes %g is a pair of groups: %ga and %gb
+      %gb = arith.addi %ga, %c1 : index
       ${RESULTS} = scf.for %b = %c0 to %cB step %c1 iter_args(${ITER_INIT}) -> (${ITER_TYPES}) {
           ${DSCALE}
           ${MSCALE}
