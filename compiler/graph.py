@@ -16,6 +16,9 @@ so every step takes the slots of the cached positions it attends over:
   prefill(cache, ids [T] i32, start index, ctx [max(start, 1)] i32)
       -> (rows [T,L,2,Hkv,hd], logits [1,V], token [1] i32)       one sequence, positions start..;
                                                                   ctx: the slots of positions < start
+  prefill_kv(cache, ids [T] i32, start index, ctx [max(start, 1)] i32)
+      -> rows [T,L,2,Hkv,hd]                                      the same rows without the output
+                                                                  head, for a prompt's earlier chunks
   decode_b{B}(cache, ids [B] i32, pos [B] i32, ctx [B,S] i32)
       -> (rows [B,L,2,Hkv,hd], logits [B,V], tokens [B] i32)      B sequences, one token each;
                                                                   row b sees ctx[b, :pos[b]]
@@ -35,7 +38,7 @@ from zinc.compiler.kernels import QuantType, quant_type
 from zinc.model.hparams import HParams, ModelDescription
 
 DEFAULT_BATCH_SIZES = (1, 4, 8)
-ENTRY_POINTS = ("prefill", "kv_write")  # and decode_entry(B) for each batch size
+ENTRY_POINTS = ("prefill", "prefill_kv", "kv_write")  # and decode_entry(B) for each batch size
 
 
 def decode_entry(batch: int) -> str:
@@ -63,6 +66,7 @@ def emit_module(
     `kv_write_per_layer` for Vulkan (see paged.kv_write)."""
     mod = ModuleEmitter(tiled=tiled, dot8=dot8)
     mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
+    mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
     mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer))
@@ -72,11 +76,13 @@ def emit_module(
 class _Entry:
     """One step function being emitted: `prefill` (batch 0: one sequence, T = ?) or a decode
     bucket of `batch` sequences (1: the single-token kernels; more: the dynamic-T kernels on a
-    static batch, cast at the boundary so IREE specialises them)."""
+    static batch, cast at the boundary so IREE specialises them). `rows_only`: the step returns
+    its K/V rows only; with no head, the compiler also drops the last layer's work after its K/V."""
 
-    def __init__(self, mod: ModuleEmitter, desc: ModelDescription, batch: int) -> None:
+    def __init__(self, mod: ModuleEmitter, desc: ModelDescription, batch: int, rows_only: bool = False) -> None:
         self.mod, self.desc, self.hp = mod, desc, desc.hparams
         self.batch = batch
+        self.rows_only = rows_only
         self.dynamic = batch != 1
         self.b = Body(mod, self.dynamic)
         self.b.per_row = batch > 0
@@ -119,6 +125,10 @@ class _Entry:
         b.emit(f"{new_rows} = tensor.empty({'%T' if self.dynamic else ''}) : {self.rows_type}")
         for il in range(hp.block_count):
             x, new_rows = self.layer(il, x, new_rows)
+        if self.rows_only:
+            b.emit(f"return {new_rows} : {self.rows_type}")
+            sig = f"func.func @{name}(%cache: {ct}, {args}) -> {self.rows_type} {{"
+            return "\n".join([sig, *b.lines, "}"])
         token, logits = self.output(x)
         n = self.batch or 1  # rows of logits: the last position of a prefill, else one per sequence
         results = [(new_rows, self.rows_type), (logits, f"tensor<{b.t if self.batch > 1 else 1}x{nv}xf32>"),

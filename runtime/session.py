@@ -3,7 +3,8 @@
 Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF and the device),
 allocates the KV slab on the device once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch
 that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call:
-`prefill_slots` (a prompt of one sequence, split into chunks) and `decode_batch` (one token for
+`prefill_slots` (a prompt of one sequence, split into chunks; all but the last run `prefill_kv`,
+which has no output head), `prefill_rows` (a prompt's earlier part, K/V only) and `decode_batch` (one token for
 each of up to max(batch_sizes) sequences, padded to a compiled bucket), each given the slots of
 the positions it reads and writes; `prefill` / `decode` are the single-sequence forms with
 slot = position. Only the greedy tokens (4 bytes each) cross back to the host unless the caller
@@ -109,6 +110,7 @@ class ModelSession:
         )
         self.device = self.module.device
         self._prefill = self.module.fn("prefill")
+        self._prefill_kv = self.module.fn("prefill_kv")
         self._decode = {b: self.module.fn(f"decode_b{b}") for b in self.batch_sizes}
         self._kv_write = self.module.fn("kv_write")
         self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
@@ -149,20 +151,29 @@ class ModelSession:
         """Run `ids` of one sequence at positions start..; `slots[p]` is position p's slot."""
         arr = self._check(ids, start)
         where = self._slots(slots, start + arr.size)
-        result = None
+        size = PREFILL_CHUNK[self.manifest.target]
+        last = (arr.size - 1) // size * size  # the last chunk's offset: only it needs the head
+        for off in range(0, last, size):
+            self._chunk(arr[off : off + size], start + off, where, rows_only=True)
+        _, logits, token = self._chunk(arr[last:], start + last, where, rows_only=False)
+        return StepResult(self, token, logits)
+
+    def prefill_rows(self, ids: Sequence[int], start: int, slots: Slots | Sequence[int]) -> None:
+        """Store the K/V rows of `ids` at positions start.. (a prompt's earlier part: no logits)."""
+        arr = self._check(ids, start)
+        where = self._slots(slots, start + arr.size)
         size = PREFILL_CHUNK[self.manifest.target]
         for off in range(0, arr.size, size):
-            chunk = arr[off : off + size]
-            at = start + off
-            ctx = np.zeros(-(-max(1, at) // CTX_ALIGN) * CTX_ALIGN, np.int32)  # never empty (Vulkan)
-            ctx[:at] = where[:at]  # the rest points at scratch slot 0, masked (s >= start)
-            rows, logits, token = self._prefill(
-                self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx)
-            )
-            self._kv_write(self.cache, rows, self.module.to_device(where[at : at + chunk.size]))
-            result = StepResult(self, token, logits)
-        assert result is not None
-        return result
+            self._chunk(arr[off : off + size], start + off, where, rows_only=True)
+
+    def _chunk(self, chunk: np.ndarray[Any, np.dtype[np.int32]], at: int, where: Slots, rows_only: bool) -> Any:
+        """One prefill call at positions at.. and its kv_write; the call's results."""
+        ctx = np.zeros(-(-max(1, at) // CTX_ALIGN) * CTX_ALIGN, np.int32)  # never empty (Vulkan)
+        ctx[:at] = where[:at]  # the rest points at scratch slot 0, masked (s >= start)
+        args = (self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx))
+        out = (self._prefill_kv(*args),) if rows_only else self._prefill(*args)
+        self._kv_write(self.cache, out[0], self.module.to_device(where[at : at + chunk.size]))
+        return out
 
     def decode_batch(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]

@@ -1,7 +1,8 @@
 """Tier 3: the paged KV cache and batched decode against the float64 reference.
 
 Several sequences live in the same slab at scattered slots (as the page allocator hands them
-out); each is prefilled on its own (in two parts, the second reading the first's rows by slot),
+out); each is prefilled on its own (in two parts: the first K/V only, `prefill_rows`, the second
+reading the first's rows by slot),
 then all of them decode together in one `decode_batch` step per position, padded to a compiled
 bucket, and every row's logits must equal its own sequence's reference. Covers the window
 masking of gemma3's local layers (positions past the window) and rows at different positions.
@@ -41,7 +42,7 @@ def test_batched_decode_matches_each_sequence(
     positions = []
     for prompt, own, ref in zip(prompts, slots, refs, strict=True):
         head = len(prompt) // 2
-        session.prefill_slots(prompt[:head], 0, own[:head])
+        session.prefill_rows(prompt[:head], 0, own[:head])
         step = session.prefill_slots(prompt[head:], head, own[: len(prompt)])
         assert rel_err(step.logits(), ref.forward(prompt)[-1]) < (TOL_Q8 if ref.q8_activations else TOL)
         positions.append(len(prompt))
