@@ -43,7 +43,7 @@ def prompt(seed: int, n: int) -> list[int]:
 
 @dataclass
 class Call:
-    kind: str  # "prefill" or "decode"
+    kind: str  # "prefill", "rows" (a prompt's earlier chunk, no token) or "decode"
     tokens: list[int]
     positions: list[int]  # prefill: the chunk's positions; decode: one per row
     written: list[int]  # the slot of each new row
@@ -102,17 +102,23 @@ class FakeModel:
         return history
 
     def prefill_slots(self, ids: Sequence[int], start: int, slots: Any) -> Row:
+        return Row(next_token(self._prefill("prefill", ids, start, slots)))
+
+    def prefill_rows(self, ids: Sequence[int], start: int, slots: Any) -> None:
+        self._prefill("rows", ids, start, slots)
+
+    def _prefill(self, kind: str, ids: Sequence[int], start: int, slots: Any) -> list[int]:
         self._gate()
         assert len(slots) == start + len(ids) <= self.context_length
         history = self._read(slots, start)
         written = [int(s) for s in slots[start:]]
-        self.calls.append(Call("prefill", list(ids), list(range(start, start + len(ids))), written))
+        self.calls.append(Call(kind, list(ids), list(range(start, start + len(ids))), written))
         if self.fail_prefill(list(ids)):
             raise ZincError("device lost")
         for i, token in enumerate(ids):
             history.append(token)
             self.slab[written[i]] = tuple(history)
-        return Row(next_token(history))
+        return history
 
     def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Any]) -> Rows:
         self._gate()

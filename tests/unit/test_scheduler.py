@@ -114,10 +114,13 @@ def test_a_new_request_streams_at_once_while_seven_decode() -> None:
         model.go.set()
         assert late.wait().reason == "length" and late.exact()
         # 30 tokens are 4 chunks of 8; every chunk is followed by a decode of all seven streams
-        # (nobody had to finish first, nobody stalled for the whole prompt)
+        # (nobody had to finish first, nobody stalled for the whole prompt); only the last chunk
+        # runs the output head
         calls = model.calls[at:]
-        chunks = [i for i, c in enumerate(calls) if c.kind == "prefill"]
-        assert [len(calls[i].tokens) for i in chunks] == [8, 8, 8, 6]
+        chunks = [i for i, c in enumerate(calls) if c.kind in ("rows", "prefill")]
+        assert [(calls[i].kind, len(calls[i].tokens)) for i in chunks] == [
+            ("rows", 8), ("rows", 8), ("rows", 8), ("prefill", 6)
+        ]
         for i in chunks:
             assert sum(len(c.tokens) for c in calls[i + 1 : i + 3] if c.kind == "decode") == 7
         assert chunks[0] <= 2, "the new prompt waited for more than one step"
@@ -125,6 +128,27 @@ def test_a_new_request_streams_at_once_while_seven_decode() -> None:
         assert all(run.wait().reason == "length" and run.exact() for run in streams)
     finally:
         model.go.set()
+        scheduler.close()
+
+
+def test_requests_that_arrive_together_decode_together() -> None:
+    model = FakeModel(kv_slots=PAGE * 40)
+    scheduler = make(model, prefill_chunk=16)
+    runs = [Run(scheduler, prompt(60 + i, 6), max_tokens=5) for i in range(4)]
+    scheduler.start()
+    try:
+        assert all(run.wait().reason == "length" and run.exact() for run in runs)
+        # 16 tokens per iteration: two prompts whole and 4 tokens of the third, whose last 2
+        # come next with the fourth; from then on every decode step holds all four, until the
+        # first two (one token ahead) are done
+        kinds = [(c.kind, len(c.tokens)) for c in model.calls]
+        assert kinds[:2] == [("prefill", 6), ("prefill", 6)]
+        assert kinds[2] == ("rows", 4)
+        first_decode = next(i for i, c in enumerate(model.calls) if c.kind == "decode")
+        assert kinds[first_decode - 2 : first_decode] == [("prefill", 2), ("prefill", 6)]
+        assert kinds[first_decode] == ("decode", 2)  # the two whole prompts, while the others went in
+        assert kinds[first_decode + 1 :] == [("decode", 4)] * 3 + [("decode", 2)]
+    finally:
         scheduler.close()
 
 

@@ -2,10 +2,12 @@
 
 Owns: `Scheduler` — admission (at most `parallel` running sequences and `max_queue` waiting;
 past that `QueueFullError` at once), the step loop on its own thread (every device call runs on
-it), and each sequence's pages. One iteration runs at most one prefill chunk of the oldest
-sequence still reading its prompt and one batched decode of every sequence that is generating,
-so a new request never waits for others to finish and running streams never stall for a whole
-long prompt. Prompts first take the pages of their longest cached prefix (`PagePool.lookup`);
+it), and each sequence's pages. One iteration runs prefill chunks of the sequences still reading
+their prompts, oldest first, at most `prefill_chunk` tokens in all, then one batched decode of
+every sequence that is generating, so a new request never waits for others to finish, running
+streams never stall for a whole long prompt, and requests that arrive together start decoding
+together (one batch from their first token on). A chunk that does not end its prompt stores
+its K/V rows only (`prefill_rows`: no output head). Prompts first take the pages of their longest cached prefix (`PagePool.lookup`);
 pages grow on demand; when none is free the least recently used cached page is evicted, then the
 least recently used session dropped, then the youngest sequence preempted (its pages freed, it
 resumes later by prefilling its prompt and the tokens it generated). Per-token choice is the
@@ -165,10 +167,10 @@ class Scheduler:
                     self._running.clear()
                     self._waiting.clear()
                     continue
-                prefill = next((s for s in self._running if not s.decoding), None)
+                prefills = self._prefill_plan()
                 decode = [s for s in self._running if s.decoding]
-            if prefill is not None:
-                self._guard([prefill], self._prefill, prefill)
+            for seq, n in prefills:
+                self._guard([seq], self._prefill, (seq, n))
             for at in range(0, len(decode), self.model.max_batch):
                 group = decode[at : at + self.model.max_batch]
                 self._guard(group, self._decode, group)
@@ -242,15 +244,37 @@ class Scheduler:
         seq.pages, seq.pending, seq.fed = [], seq.fed + seq.pending, []
         self._waiting.appendleft(seq)
 
-    def _prefill(self, seq: _Sequence) -> None:
-        chunk = seq.pending[: self.prefill_chunk]
-        start = len(seq.fed)
-        step = self.model.prefill_slots(chunk, start, self.pool.slots(seq.pages, start + len(chunk)))
+    def _prefill_plan(self) -> list[tuple[_Sequence, int]]:
+        """This iteration's prefill chunks (the lock is held): the sequences still reading their
+        prompts, oldest first, and how many tokens each, `prefill_chunk` in all."""
+        plan, budget = [], self.prefill_chunk
+        for seq in self._running:
+            if budget <= 0:
+                break
+            if not seq.decoding:
+                n = min(len(seq.pending), budget)
+                plan.append((seq, n))
+                budget -= n
+        return plan
+
+    def _prefill(self, job: tuple[_Sequence, int]) -> None:
+        seq, n = job
+        if seq.finished:  # an earlier chunk of this iteration failed it
+            return
+        chunk, start = seq.pending[:n], len(seq.fed)
+        slots = self.pool.slots(seq.pages, start + n)
+        if n < len(seq.pending):  # the prompt goes on: its K/V rows only
+            self.model.prefill_rows(chunk, start, slots)
+            self._fed(seq, n)
+            return
+        step = self.model.prefill_slots(chunk, start, slots)
+        self._fed(seq, n)
+        self._after(seq, seq.req.picker.pick(step.token, step.logits))  # the prompt's next token
+
+    def _fed(self, seq: _Sequence, n: int) -> None:
         with self._cond:
-            seq.fed += chunk
-            seq.pending = seq.pending[len(chunk) :]
-        if not seq.pending:  # the prompt is in: its last position gives the next token
-            self._after(seq, seq.req.picker.pick(step.token, step.logits))
+            seq.fed += seq.pending[:n]
+            seq.pending = seq.pending[n:]
 
     def _decode(self, group: list[_Sequence]) -> None:
         with self._cond:
