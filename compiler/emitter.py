@@ -318,8 +318,7 @@ class Body:
     def attention_window(
         self,
         q: str,
-        kv_old: tuple[str, str],
-        kv_new: tuple[str, str],
+        kv: tuple[str, str],
         start: str,
         heads: int,
         heads_kv: int,
@@ -327,30 +326,20 @@ class Body:
         scale: float,
         window: int,
     ) -> str:
-        """Attention of T queries at positions `start` + t over the cached rows (`kv_old`, [S, Hkv, hd],
-        the first `start` valid) and this step's rows, with query scale `scale` and keys limited to
-        the last `window` positions (0: no window); mlir/attention_window.mlir."""
+        """Attention of T queries at positions `start` + t over the sequence's keys and values by
+        position (`kv`, [S, Hkv, hd]: row s is position s), with query scale `scale` and keys
+        limited to the last `window` positions (0: no window); mlir/attention_window.mlir."""
         win = window or NO_WINDOW
         name = f"attention_w{win}_s{_sym(scale)}_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
         subs = {
             "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
             "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win),
-            "DYN_S": "%T, %S" if self.dynamic else "%S", "DYN_TT": "%T, %T" if self.dynamic else "",
-            **t_dims(self.dynamic),
+            "DYN_S": "%T, %S" if self.dynamic else "%S", **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("attention_window.mlir").substitute(subs))
-        old = f"tensor<?x{heads_kv}x{head_dim}xf32>"
-        new = f"tensor<{self.t}x{heads_kv}x{head_dim}xf32>"
+        rows = f"tensor<?x{heads_kv}x{head_dim}xf32>"
         hhd = self.act(heads * head_dim)
-        args = [
-            (q, hhd),
-            (kv_old[0], old),
-            (kv_old[1], old),
-            (kv_new[0], new),
-            (kv_new[1], new),
-            (start, "index"),
-        ]
-        return self.call(name, args, hhd, "attn")
+        return self.call(name, [(q, hhd), (kv[0], rows), (kv[1], rows), (start, "index")], hhd, "attn")
 
     def gelu_gated(self, gate: str, up: str, d: int, hint: str) -> str:
         """gelu_tanh(gate) * up on [T, d]."""

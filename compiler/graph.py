@@ -13,10 +13,11 @@ llama, qwen2, qwen3 and gemma3 (names follow GGUF tensors), switched by the reci
 Entry points (the artifact contract, see zinc/artifact.py). The KV cache is one slot-major slab
 [NS, L, 2, Hkv, hd]; a sequence's positions live in slots its page table names (zinc.engine.pages),
 so every step takes the slots of the cached positions it attends over:
-  prefill(cache, ids [T] i32, start index, ctx [max(start, 1)] i32)
+  prefill(cache, ids [T] i32, start index, ctx [S >= start + T] i32)
       -> (rows [T,L,2,Hkv,hd], logits [1,V], token [1] i32)       one sequence, positions start..;
-                                                                  ctx: the slots of positions < start
-  prefill_kv(cache, ids [T] i32, start index, ctx [max(start, 1)] i32)
+                                                                  ctx: the slots of positions < start,
+                                                                  then scratch slot 0
+  prefill_kv(cache, ids [T] i32, start index, ctx [S >= start + T] i32)
       -> rows [T,L,2,Hkv,hd]                                      the same rows without the output
                                                                   head, for a prompt's earlier chunks
   decode_b{B}(cache, ids [B] i32, pos [B] i32, ctx [B,S] i32)
@@ -219,9 +220,8 @@ class _Entry:
                 b, hp, il, qc, (new_kv[0], new_kv[1]), "%pos", hp.q_scale(), hp.window(il)
             )
             return att, new_rows
-        old = [paged.gather_kv(b, hp, "%ctx", il, part) for part in (0, 1)]  # the cached rows [S, Hkv, hd]
-        kv_old, kv_new = (old[0], old[1]), (new_kv[0], new_kv[1])
-        att = b.attention_window(qc, kv_old, kv_new, "%start", nh, nkv, hd, hp.q_scale(), hp.window(il))
+        k, v = (paged.context_kv(b, hp, "%ctx", il, part, new_kv[part]) for part in (0, 1))  # [S, Hkv, hd]
+        att = b.attention_window(qc, (k, v), "%start", nh, nkv, hd, hp.q_scale(), hp.window(il))
         return att, new_rows
 
     def output(self, x: str) -> tuple[str, str]:

@@ -168,8 +168,8 @@ class ModelSession:
 
     def _chunk(self, chunk: np.ndarray[Any, np.dtype[np.int32]], at: int, where: Slots, rows_only: bool) -> Any:
         """One prefill call at positions at.. and its kv_write; the call's results."""
-        ctx = np.zeros(-(-max(1, at) // CTX_ALIGN) * CTX_ALIGN, np.int32)  # never empty (Vulkan)
-        ctx[:at] = where[:at]  # the rest points at scratch slot 0, masked (s >= start)
+        ctx = np.zeros(-(-(at + chunk.size) // CTX_ALIGN) * CTX_ALIGN, np.int32)
+        ctx[:at] = where[:at]  # the rest points at scratch slot 0: this chunk's rows go there, then padding
         args = (self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx))
         out = (self._prefill_kv(*args),) if rows_only else self._prefill(*args)
         self._kv_write(self.cache, out[0], self.module.to_device(where[at : at + chunk.size]))

@@ -62,6 +62,27 @@ def test_batched_decode_matches_each_sequence(
     assert rel_err(single.logits(0), refs[1].forward([tokens[1]])[-1]) < (TOL_Q8 if refs[1].q8_activations else TOL)
 
 
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+@pytest.mark.parametrize("fixture", ["tiny-q8-q41", "tiny-gemma3"])
+@pytest.mark.parametrize("cached", [16, 13])
+def test_a_cached_prefix_changes_no_bit(
+    fixture: str, device: str, cached: int, tiny_models: dict[str, Path], open_session: SessionFactory
+) -> None:
+    """A prompt prefilled whole and the same prompt whose first `cached` positions were stored
+    earlier (a prefix-cache hit: other calls, other chunk boundaries) give the same logits bit for
+    bit, then and at the next decode step: every query reduces over its keys in position order."""
+    session = open_session(tiny_models[fixture], device)
+    prompt = [(i * 37) % 250 + 1 for i in range(30)]
+    whole_slots = np.arange(1, 32, dtype=np.int32)
+    split_slots = np.arange(64, 95, dtype=np.int32)
+    whole = session.prefill_slots(prompt, 0, whole_slots[:30])
+    session.prefill_rows(prompt[:cached], 0, split_slots[:cached])
+    split = session.prefill_slots(prompt[cached:], cached, split_slots[:30])
+    assert np.array_equal(whole.logits(), split.logits())
+    after = [session.decode_batch([7], [30], [own]).logits(0) for own in (whole_slots, split_slots)]
+    assert np.array_equal(after[0], after[1])
+
+
 def test_decode_batch_rejects_bad_input(tiny_models: dict[str, Path], open_session: SessionFactory) -> None:
     session = open_session(tiny_models["tiny-q8-q41"], "cpu")
     with pytest.raises(InvalidRequestError):
