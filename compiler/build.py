@@ -18,7 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from zinc.artifact import FORMAT_VERSION, MANIFEST, Manifest, load_manifest, sha256_bytes, write_artifact
+from zinc.artifact import (
+    FORMAT_VERSION,
+    MANIFEST,
+    KVCacheGeometry,
+    Manifest,
+    load_manifest,
+    sha256_bytes,
+    write_artifact,
+)
 from zinc.compiler import dot8, llama
 from zinc.compiler.emitter import LAYOUTS
 from zinc.compiler.graph import DEFAULT_BATCH_SIZES, decode_entry
@@ -54,6 +62,7 @@ class Plan:
     flags: tuple[str, ...]
     repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]]  # see ModuleEmitter.repacked
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets (decode_b{B} entry points)
+    kv_dtype: str = "f32"  # the KV slab's element type
 
 
 def _source_digest() -> str:
@@ -128,7 +137,7 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
         kv_write_per_layer=kind == "vulkan",
     )
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
-                repacked=dict(mod.repacked), batch_sizes=buckets)  # fmt: skip
+                repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype)  # fmt: skip
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
@@ -167,6 +176,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
         vmfb_sha256=sha256_bytes(vmfb),
         mlir_sha256=sha256_bytes(p.mlir.encode()),
         parameter_archives=[REPACKED_ARCHIVE] if p.repacked else [],
+        kv_cache=KVCacheGeometry(dtype=p.kv_dtype),
     )
     extra = {"model.mlir": p.mlir} if keep_ir else None
     if p.repacked:

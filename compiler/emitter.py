@@ -51,6 +51,7 @@ class ModuleEmitter:
     def __init__(self, tiled: bool = False, dot8: bool = False) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
+        self.kv_dtype = "f16" if tiled else "f32"  # the KV slab's element type (compiler/paged.py)
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
         self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]] = {}
         self.globals: dict[str, str] = {}  # symbol -> declaration

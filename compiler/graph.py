@@ -27,7 +27,8 @@ so every step takes the slots of the cached positions it attends over:
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
 The step functions only read the cache; the caller owns the slab on the device and calls
-kv_write with the step's new K/V rows. K rows are stored after QK-norm and RoPE.
+kv_write with the step's new K/V rows. K rows are stored after QK-norm and RoPE. The slab and
+the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).
 Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels, zinc.model.hparams.
 """
 
@@ -46,8 +47,8 @@ def decode_entry(batch: int) -> str:
     return f"decode_b{batch}"
 
 
-def cache_type(desc: ModelDescription) -> str:
-    return paged.slab_type(desc.hparams)
+def cache_type(desc: ModelDescription, dt: str = "f32") -> str:
+    return paged.slab_type(desc.hparams, dt)
 
 
 def build_module(desc: ModelDescription, module_name: str = "zinc_model") -> str:
@@ -70,7 +71,7 @@ def emit_module(
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
-    mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer))
+    mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer, mod.kv_dtype))
     return mod
 
 
@@ -89,7 +90,7 @@ class _Entry:
         self.b.per_row = batch > 0
         self.b.rows = batch if batch > 1 else 0
         self.tv = "%T" if self.dynamic else "1"
-        self.rows_type = paged.rows_type(self.hp, self.b.t)
+        self.rows_type = paged.rows_type(self.hp, self.b.t, mod.kv_dtype)
 
     def q(self, name: str) -> QuantType:
         return quant_type(self.desc.tensor_types[name], name)
@@ -113,7 +114,7 @@ class _Entry:
     def text(self, name: str) -> str:
         hp, b = self.hp, self.b
         d, nv = hp.embedding_length, hp.vocab_size
-        ct, t = cache_type(self.desc), b.t
+        ct, t = cache_type(self.desc, self.mod.kv_dtype), b.t
         b.emit("%c0 = arith.constant 0 : index")
         args = self._arguments()
         b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{t}xi32>")
@@ -208,13 +209,15 @@ class _Entry:
                 f"{v3} = tensor.expand_shape {val} [[0], [1, 2]] output_shape [{tv}, {nkv}, {hd}] "
                 f": tensor<{t}x{nkv * hd}xf32> into tensor<{t}x{nkv}x{hd}xf32>"
             )
+            stored, read = paged.to_slab(b, v3, t, nkv, hd)  # as the slab keeps it, and as read back
             nxt = b.fresh("kv_new")
             b.emit(
-                f"{nxt} = tensor.insert_slice {v3} into {new_rows}[0, {il}, {part}, 0, 0] "
-                f"[{tv}, 1, 1, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}xf32> into {self.rows_type}"
+                f"{nxt} = tensor.insert_slice {stored} into {new_rows}[0, {il}, {part}, 0, 0] "
+                f"[{tv}, 1, 1, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}x{self.mod.kv_dtype}> "
+                f"into {self.rows_type}"
             )
             new_rows = nxt
-            new_kv.append(v3)
+            new_kv.append(read)
         if self.batch:  # each row its own sequence: its cached rows [T, S, Hkv, hd], pos[t] of them valid
             att = paged.attention_batch(
                 b, hp, il, qc, (new_kv[0], new_kv[1]), "%pos", hp.q_scale(), hp.window(il)

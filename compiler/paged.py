@@ -5,6 +5,10 @@ Vulkan, mlir/attention_batch.mlir), per-row argmax and the slot-indexed cache wr
 Owns: the ops over the slot-major slab `[NS, L, 2, Hkv, hd]` (a slot holds one position's K and V
 for every layer; which slots a sequence owns is the runtime's page table, the kernels only see
 slot indices), and `kv_write`, the entry point that scatters a step's new rows into their slots.
+The slab holds f16 on the CPU (half the bytes for attention to read, as llama.cpp's default
+cache) and f32 on Vulkan (f16 there needs 16-bit storage buffers, not tried); the math is f32,
+and a step's own new rows are rounded to the slab's type before its attention reads them, so a
+position's K/V is the same number in the step that computes it and in every later one.
 Imports: zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
 """
 
@@ -15,26 +19,54 @@ from zinc.compiler.kernels import t_dims, template
 from zinc.model.hparams import HParams
 
 
-def slab_type(hp: HParams) -> str:
-    return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}xf32>"
+def slab_type(hp: HParams, dt: str = "f32") -> str:
+    return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}x{dt}>"
 
 
-def rows_type(hp: HParams, t: str) -> str:
+def rows_type(hp: HParams, t: str, dt: str = "f32") -> str:
     """A step's new K/V rows [T, L, 2, Hkv, hd]."""
-    return f"tensor<{t}x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}xf32>"
+    return f"tensor<{t}x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}x{dt}>"
+
+
+def to_slab(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]:
+    """New K or V rows [t, nkv, hd] in f32 -> (the rows in the slab's type, the same rows back in
+    f32: what every later step will read). Both are `value` itself when the slab is f32."""
+    dt = b.mod.kv_dtype
+    if dt == "f32":
+        return value, value
+    f32, low = f"tensor<{t}x{nkv}x{hd}xf32>", f"tensor<{t}x{nkv}x{hd}x{dt}>"
+    dyn = "%T" if t == "?" else ""
+    e16, e32, out = b.fresh("e_low"), b.fresh("e_f32"), b.fresh("kv_low")
+    b.emit(f"{e16} = tensor.empty({dyn}) : {low}")
+    b.emit(f"{e32} = tensor.empty({dyn}) : {f32}")
+    ident = "affine_map<(t, h, d) -> (t, h, d)>"
+    b.emit(
+        f"{out}:2 = linalg.generic {{indexing_maps = [{ident}, {ident}, {ident}], "
+        f'iterator_types = ["parallel", "parallel", "parallel"]}} ins({value} : {f32}) '
+        f"outs({e16}, {e32} : {low}, {f32}) {{"
+    )
+    b.emit(f"  ^bb0(%x: f32, %o: {dt}, %o2: f32):")
+    b.emit(f"    %l = arith.truncf %x : f32 to {dt}")
+    b.emit(f"    %w = arith.extf %l : {dt} to f32")
+    b.emit(f"    linalg.yield %l, %w : {dt}, f32")
+    b.emit(f"}} -> ({low}, {f32})")
+    return f"{out}#0", f"{out}#1"
 
 
 def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
-    """Layer `layer`'s K (`part` 0) or V (1) of one sequence at the slots `ctx` [S] -> [S, Hkv, hd]."""
-    nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
-    name = f"gather_kv_{nl}x{nkv}x{hd}"
-    b.mod.helper(name, template("gather_kv.mlir").substitute(NAME=name, L=str(nl), HKV=str(nkv), HD=str(hd)))
+    """Layer `layer`'s K (`part` 0) or V (1) of one sequence at the slots `ctx` [S] -> [S, Hkv, hd], f32."""
+    nl, nkv, hd, dt = hp.block_count, hp.head_count_kv, hp.key_length, b.mod.kv_dtype
+    name = f"gather_kv_{nl}x{nkv}x{hd}{dt}"
+    out = "%f = arith.extf %v : f16 to f32\n      linalg.yield %f : f32" if dt == "f16" else "linalg.yield %v : f32"
+    b.mod.helper(name, template("gather_kv.mlir").substitute(
+        NAME=name, L=str(nl), HKV=str(nkv), HD=str(hd), DT=dt, YIELD=out
+    ))  # fmt: skip
     consts = []
     for value in (layer, part):
         c = b.fresh("c")
         b.emit(f"{c} = arith.constant {value} : index")
         consts.append((c, "index"))
-    args = [("%cache", slab_type(hp)), (ctx, "tensor<?xi32>"), *consts]
+    args = [("%cache", slab_type(hp, dt)), (ctx, "tensor<?xi32>"), *consts]
     return b.call(name, args, f"tensor<?x{nkv}x{hd}xf32>", "kv_old")
 
 
@@ -64,8 +96,9 @@ def attention_batch(
     if b.mod.tiled:  # the CPU: the hand-written online-softmax dispatch
         name = (
             f"attention_decode_w{win}_s{_sym(scale)}_{b.t_tag}_{hp.block_count}x{heads}x{heads_kv}x{head_dim}"
+            f"{b.mod.kv_dtype}"
         )
-        b.mod.helper(name, _render_decode_attention(name, hp, b.t, scale, win))
+        b.mod.helper(name, _render_decode_attention(name, hp, b.t, scale, win, b.mod.kv_dtype))
     else:
         name = f"attention_batch_w{win}_s{_sym(scale)}_{b.t_tag}_{heads}x{heads_kv}x{head_dim}"
         b.mod.helper(name, _render_batch_attention(name, hp, b, scale, win))
@@ -73,7 +106,7 @@ def attention_batch(
     hhd = b.act(heads * head_dim)
     c = b.fresh("layer")
     b.emit(f"{c} = arith.constant {layer} : index")
-    args = [(q, hhd), ("%cache", slab_type(hp)), ("%ctx", f"tensor<{b.t}x?xi32>"), (c, "index"),
+    args = [(q, hhd), ("%cache", slab_type(hp, b.mod.kv_dtype)), ("%ctx", f"tensor<{b.t}x?xi32>"), (c, "index"),
             (kv_new[0], new), (kv_new[1], new), (lens, f"tensor<{b.t}xi32>")]  # fmt: skip
     return b.call(name, args, hhd, "attn")
 
@@ -89,11 +122,20 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
     return template("attention_batch.mlir").substitute(subs)
 
 
-def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: int) -> str:
-    """mlir/attention_decode.mlir and the private func dispatching it, for rows `t` (1 or ?)."""
+def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: int, dt: str) -> str:
+    """mlir/attention_decode.mlir and the private func dispatching it, for rows `t` (1 or ?), over a
+    slab of `dt` (f16 rows are widened to f32 as they are loaded)."""
     heads, heads_kv, hd = hp.head_count, hp.head_count_kv, hp.key_length
-    hhd, slab = heads * hd, slab_type(hp)
-    mem = f"memref<?x{hp.block_count}x2x{heads_kv}x{hd}xf32>"
+    hhd, slab = heads * hd, slab_type(hp, dt)
+    mem = f"memref<?x{hp.block_count}x2x{heads_kv}x{hd}x{dt}>"
+
+    def load(out: str, part: str, j: int) -> list[str]:
+        at = f"%cache[%slot{j}, %layer, {part}, %g, %c0] : {mem}"
+        if dt == "f32":
+            return [f"{out} = vector.load {at}, vector<{hd}xf32>"]
+        return [f"{out}h = vector.load {at}, vector<{hd}x{dt}>",
+                f"{out} = arith.extf {out}h : vector<{hd}x{dt}> to vector<{hd}xf32>"]  # fmt: skip
+
     scores, values = [], []
     for j in range(8):
         scores += [
@@ -101,12 +143,12 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
             f"%sp{j} = arith.minui %sp{j}u, %slast : index",
             f"%slot{j}i = memref.load %ctx[%t, %sp{j}] : memref<?x?xi32>",
             f"%slot{j} = arith.index_cast %slot{j}i : i32 to index",
-            f"%k{j} = vector.load %cache[%slot{j}, %layer, %c0, %g, %c0] : {mem}, vector<{hd}xf32>",
+            *load(f"%k{j}", "%c0", j),
             f"%pk{j} = arith.mulf %qs, %k{j} : vector<{hd}xf32>",
             f"%d{j} = vector.reduction <add>, %pk{j} fastmath<reassoc> : vector<{hd}xf32> into f32",
         ]
         values += [
-            f"%v{j} = vector.load %cache[%slot{j}, %layer, %c1, %g, %c0] : {mem}, vector<{hd}xf32>",
+            *load(f"%v{j}", "%c1", j),
             f"%p{j} = vector.extract %p[{j}] : f32 from vector<8xf32>",
             f"%pv{j} = vector.broadcast %p{j} : f32 to vector<{hd}xf32>",
             f"%a{j + 1} = math.fma %pv{j}, %v{j}, %a{j} : vector<{hd}xf32>",
@@ -114,7 +156,7 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
     consts = [f"%c{j}x = arith.constant {j} : index" for j in range(8)]
     executable = template("attention_decode.mlir").substitute(
         NAME=name, H=str(heads), G=str(heads // heads_kv), HD=str(hd), HHD=str(hhd), HKV=str(heads_kv),
-        L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win),
+        L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win), DT=dt,
         SCORES="\n".join("        " + ln for ln in [*consts, *scores]),
         VALUES="\n".join("        " + ln for ln in values),
     )  # fmt: skip
@@ -160,7 +202,7 @@ def argmax_rows(b: Body, logits: str, vocab: int) -> str:
     return b.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
 
-def kv_write(hp: HParams, per_layer: bool = False) -> str:
+def kv_write(hp: HParams, per_layer: bool = False, dt: str = "f32") -> str:
     """`kv_write(cache, rows [T, L, 2, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
     place; row t goes to slot `slots[t]` (padding rows of a batch all go to scratch slot 0, so the
     indices need not be unique).
@@ -169,8 +211,9 @@ def kv_write(hp: HParams, per_layer: bool = False) -> str:
     `iree.abi.output` argument that the same function also reads (it updates a copy).
     `per_layer` (Vulkan) writes one scatter per layer, indexed by (slot, layer): IREE 3.13's
     SPIR-V scatter leaves elements past about 65,000 per dispatch unwritten (checked on lavapipe).
+    `dt`: the slab's (and the rows') element type.
     """
-    ct, rt = slab_type(hp), rows_type(hp, "?")
+    ct, rt = slab_type(hp, dt), rows_type(hp, "?", dt)
     lines = [
         f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
         "  %c0 = arith.constant 0 : index",
@@ -179,13 +222,13 @@ def kv_write(hp: HParams, per_layer: bool = False) -> str:
     if not per_layer:
         lines += [
             "  %idx = tensor.expand_shape %slots [[0, 1]] output_shape [%T, 1] : tensor<?xi32> into tensor<?x1xi32>",
-            *_scatter("%r", "%rows", rt, "%idx", "%cache", ct, "[0]"),
+            *_scatter("%r", "%rows", rt, "%idx", "%cache", ct, "[0]", dt),
             f"  return %r : {ct}",
             "}",
         ]
         return "\n".join(lines)
     nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
-    lt = f"tensor<?x2x{nkv}x{hd}xf32>"
+    lt = f"tensor<?x2x{nkv}x{hd}x{dt}>"
     acc = "%cache"
     for il in range(nl):
         lines += [
@@ -200,18 +243,18 @@ def kv_write(hp: HParams, per_layer: bool = False) -> str:
             "      linalg.yield %v : i32",
             "  } -> tensor<?x2xi32>",
             f"  %u{il} = tensor.extract_slice %rows[0, {il}, 0, 0, 0] [%T, 1, 2, {nkv}, {hd}] [1, 1, 1, 1, 1] : {rt} to {lt}",
-            *_scatter(f"%w{il}", f"%u{il}", lt, f"%id{il}", acc, ct, "[0, 1]"),
+            *_scatter(f"%w{il}", f"%u{il}", lt, f"%id{il}", acc, ct, "[0, 1]", dt),
         ]
         acc = f"%w{il}"
     return "\n".join([*lines, f"  return {acc} : {ct}", "}"])
 
 
-def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dims: str) -> list[str]:
+def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dims: str, dt: str) -> list[str]:
     it = "tensor<?x1xi32>" if dims == "[0]" else "tensor<?x2xi32>"
     return [
         f"  {out} = iree_linalg_ext.scatter dimension_map = {dims} unique_indices(false)",
         f"      ins({updates}, {idx} : {ut}, {it}) outs({into} : {ct}) {{",
-        "    ^bb0(%u: f32, %o: f32):",
-        "      iree_linalg_ext.yield %u : f32",
+        f"    ^bb0(%u: {dt}, %o: {dt}):",
+        f"      iree_linalg_ext.yield %u : {dt}",
         f"  }} -> {ct}",
     ]

@@ -6,8 +6,8 @@
 // new key and value, which are never masked, so m is always finite. Positions s >= len[t] and
 // those WINDOW or more behind len[t] are masked; blocks past len[t] are not read at all, so a row
 // costs the same alone and in a batch. q is multiplied by SCALE before the dot products.
-// Placeholders: NAME, H, G, HD, HHD, HKV, L, SCALE, WINDOW, SCORES (the 8 score lines), VALUES (the
-// 8 value lines).
+// Placeholders: NAME, H, G, HD, HHD, HKV, L, SCALE, WINDOW, DT (the slab's element type: f16 rows
+// are widened to f32 as they are loaded), SCORES (the 8 score lines), VALUES (the 8 value lines).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(%tw: index) -> (index, index, index) {
     %ch = arith.constant ${H} : index
@@ -24,7 +24,7 @@ stream.executable private @${NAME}_ex {
       %c7 = arith.constant 7 : index
       %c8 = arith.constant 8 : index
       %q = stream.binding.subspan %b_q[%c0] : !stream.binding -> memref<?x${HHD}xf32>{%tn}
-      %cache = stream.binding.subspan %b_cache[%c0] : !stream.binding -> memref<?x${L}x2x${HKV}x${HD}xf32>{%ns}
+      %cache = stream.binding.subspan %b_cache[%c0] : !stream.binding -> memref<?x${L}x2x${HKV}x${HD}x${DT}>{%ns}
       %ctx = stream.binding.subspan %b_ctx[%c0] : !stream.binding -> memref<?x?xi32>{%tn, %sn}
       %kn = stream.binding.subspan %b_kn[%c0] : !stream.binding -> memref<?x${HKV}x${HD}xf32>{%tn}
       %vn = stream.binding.subspan %b_vn[%c0] : !stream.binding -> memref<?x${HKV}x${HD}xf32>{%tn}

@@ -60,15 +60,17 @@ class LoadedModule:
     def to_device(self, array: np.ndarray[Any, Any]) -> Any:
         return rt.asdevicearray(self.device, np.ascontiguousarray(array))
 
-    def empty_f32(self, shape: tuple[int, ...]) -> Any:
-        """An uninitialized f32 device array: its pages are only touched (and resident) once written.
+    def empty(self, shape: tuple[int, ...], dtype: str = "f32") -> Any:
+        """An uninitialized f32 or f16 device array: its pages are only touched (and resident) once written.
 
         The KV slab uses it: a step reads only the rows earlier steps wrote, so a 2048-position
         cache costs memory in proportion to the positions in use, not to its size.
         """
-        size = int(np.prod(shape)) * 4
+        np_type, hal_type = {"f32": (np.float32, rt.HalElementType.FLOAT_32),
+                             "f16": (np.float16, rt.HalElementType.FLOAT_16)}[dtype]  # fmt: skip
+        size = int(np.prod(shape)) * np.dtype(np_type).itemsize
         buffer = self.device.allocator.allocate_buffer(
             memory_type=int(rt.MemoryType.DEVICE_LOCAL), allowed_usage=int(rt.BufferUsage.DEFAULT), allocation_size=size
         )
-        view = rt.HalBufferView(buffer, list(shape), rt.HalElementType.FLOAT_32)
-        return rt.DeviceArray(self.device, view, override_dtype=np.dtype(np.float32))
+        view = rt.HalBufferView(buffer, list(shape), hal_type)
+        return rt.DeviceArray(self.device, view, override_dtype=np.dtype(np_type))

@@ -36,6 +36,7 @@ DEFAULT_CONTEXT = 2048
 # covers it).
 PREFILL_CHUNK = {"cpu": 128, "vulkan": 8}
 SCRATCH_SLOTS = 64
+KV_DTYPES = {"f32": np.float32, "f16": np.float16}  # the slab's element type (manifest kv_cache.dtype)
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 
 
@@ -114,10 +115,11 @@ class ModelSession:
         self._decode = {b: self.module.fn(f"decode_b{b}") for b in self.batch_sizes}
         self._kv_write = self.module.fn("kv_write")
         self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
-        self.cache = self.module.empty_f32((self.kv_slots, *self.row_shape))  # only written slots are read
-        zero = np.zeros(
-            (1, *self.row_shape), dtype=np.float32
-        )  # padding reads scratch slot 0: keep it finite
+        self.kv_dtype = self.manifest.kv_cache.dtype  # f16 on the CPU, f32 on Vulkan
+        if self.kv_dtype not in KV_DTYPES:
+            raise ArtifactError(f"{artifact_dir}: KV cache type {self.kv_dtype!r} is not supported")
+        self.cache = self.module.empty((self.kv_slots, *self.row_shape), self.kv_dtype)  # only written slots are read
+        zero = np.zeros((1, *self.row_shape), KV_DTYPES[self.kv_dtype])  # padding reads scratch slot 0: keep it finite
         self._kv_write(self.cache, self.module.to_device(zero), self.module.to_device(np.zeros(1, np.int32)))
 
     @property
@@ -129,7 +131,7 @@ class ModelSession:
         return self.batch_sizes[-1]
 
     def kv_cache_bytes(self) -> int:
-        return self.kv_slots * int(np.prod(self.row_shape)) * 4
+        return self.kv_slots * int(np.prod(self.row_shape)) * np.dtype(KV_DTYPES[self.kv_dtype]).itemsize
 
     def _check(self, ids: Sequence[int], start: int) -> np.ndarray[Any, np.dtype[np.int32]]:
         arr = np.asarray(ids, dtype=np.int64)

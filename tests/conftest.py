@@ -66,14 +66,16 @@ SessionFactory = Callable[[Path, str], ModelSession]
 
 def reference_model(path: Path, device: str) -> ReferenceModel:
     """The numpy oracle for a model compiled for `device`: on the CPU with the integer
-    dot-product kernels, its matmuls round activations to Q8 as those kernels do.
+    dot-product kernels, its matmuls round activations to Q8 as those kernels do, and on the CPU
+    its cached keys and values are f16 as the slab's.
 
     The two still drift apart by more than f32 rounding: rounding to Q8 is discontinuous, so
     float64-vs-f32 differences flip some rounded values, and the flips grow through the layers
     (about 1e-3 of the largest logit on the 2-layer fixtures, 3e-2 on SmolLM2's 30). The model
     tests allow that much (`TOL_Q8`); tests/kernels/test_dot8_kernels.py checks the kernels
     themselves to f32 accuracy, and the golden tests check tokens against llama.cpp."""
-    return ReferenceModel(open_gguf(path), q8_activations=device.startswith("cpu") and dot8.enabled())
+    cpu = device.startswith("cpu")
+    return ReferenceModel(open_gguf(path), q8_activations=cpu and dot8.enabled(), kv_f16=cpu)
 
 
 @pytest.fixture(scope="session")

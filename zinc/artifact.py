@@ -29,7 +29,7 @@ MANIFEST = "manifest.json"
 @dataclass(frozen=True)
 class KVCacheGeometry:
     layout: str = "[slots, block_count, 2 (K|V), head_count_kv, key_length]"  # a slot: one position's K/V
-    dtype: str = "f32"
+    dtype: str = "f32"  # "f16" on the CPU, "f32" on Vulkan
     writer: str = "kv_write"  # the step functions return new rows; this entry point stores them
 
 

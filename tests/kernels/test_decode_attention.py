@@ -6,6 +6,7 @@ window when there is one) plus its new key and value. On the CPU this is the han
 online-softmax dispatch (mlir/attention_decode.mlir), on Vulkan the linalg form
 (mlir/attention_batch.mlir). A row computed alone must equal the same row in a batch bit for bit
 on the CPU, however much longer the other rows are (greedy output must not depend on the batch).
+The slab is f16 on the CPU (rows widened as they are loaded) and f32 on Vulkan.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def attention_module(cpu: bool, window: int) -> str:
         out = paged.attention_batch(b, hp, LAYER, "%q", ("%kn", "%vn"), "%len", SCALE, window)  # type: ignore[arg-type]
         new, q = f"tensor<{t}x{HKV}x{HD}xf32>", f"tensor<{t}x{H * HD}xf32>"
         sig = (
-            f"func.func @{name}(%cache: {paged.slab_type(hp)}, %q: {q}, %ctx: tensor<{t}x?xi32>, "  # type: ignore[arg-type]
+            f"func.func @{name}(%cache: {paged.slab_type(hp, mod.kv_dtype)}, %q: {q}, %ctx: tensor<{t}x?xi32>, "  # type: ignore[arg-type]
             f"%kn: {new}, %vn: {new}, %len: tensor<{t}xi32>) -> {q} {{"
         )
         mod.entries.append("\n".join([sig, *b.lines, f"  return {out} : {q}", "}"]))
@@ -65,7 +66,7 @@ def test_decode_attention_matches_numpy(device: str, window: int) -> None:
     cpu = spec.target == "cpu"
     mod = LoadedModule(compile_mlir(attention_module(cpu, window), spec.target), spec.uri)
     rng = np.random.default_rng(11)
-    cache = (rng.standard_normal((SLOTS, L, 2, HKV, HD)) * 2).astype(np.float32)
+    cache = (rng.standard_normal((SLOTS, L, 2, HKV, HD)) * 2).astype(np.float16 if cpu else np.float32)
     lens = np.array([1003, 5, 64], np.int32)  # one long row (many blocks), one inside a block, one whole
     width = 1008  # padded to a multiple of 8, as the session does
     ctx = np.zeros((3, width), np.int32)  # padding points at slot 0

@@ -8,7 +8,9 @@ post-norms, SwiGLU or tanh-GELU gating, sliding-window layers, embedding and que
 final logit softcapping. With `q8_activations`, it also follows the CPU's integer dot-product
 kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows in groups of 8,
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
-do. Slow by design; used by tests and for debugging.
+do. With `kv_f16`, cached keys and values are rounded to f16 as the CPU's KV slab stores them
+(the step that computes a position reads it rounded too). Slow by design; used by tests and for
+debugging.
 Imports: numpy, gguf, zinc.model.
 """
 
@@ -54,11 +56,12 @@ def silu(x: F64) -> F64:
 
 
 class ReferenceModel:
-    def __init__(self, model: GGUFModel, q8_activations: bool = False) -> None:
+    def __init__(self, model: GGUFModel, q8_activations: bool = False, kv_f16: bool = False) -> None:
         self.hp = describe(model).hparams
         reader = GGUFReader(model.path, "r")
         self.w: dict[str, F64] = {}
         self.q8_activations = q8_activations
+        self.kv_f16 = kv_f16
         self.q8_weights: set[str] = set()  # weights whose matmuls take Q8 activations
         for t in reader.tensors:
             if t.tensor_type.name in Q8_WEIGHTS and len(t.shape) == 2 and int(t.shape[1]) % 8 == 0:
@@ -127,6 +130,10 @@ class ReferenceModel:
         scores /= scores.sum(-1, keepdims=True)
         return np.asarray(np.einsum("kgts,skd->tkgd", scores, vall).reshape(t, nh * hd))
 
+    def _stored(self, rows: F64) -> F64:
+        """K or V rows as the KV cache keeps them."""
+        return np.asarray(rows.astype(np.float32).astype(np.float16), dtype=np.float64) if self.kv_f16 else rows
+
     def forward(self, ids: list[int]) -> F64:
         """Run `ids` after what is already cached; returns the logits of every new position [T, V]."""
         hp, w = self.hp, self.w
@@ -138,8 +145,8 @@ class ReferenceModel:
             p = f"blk.{il}."
             cur = self._rms(x, w[p + "attn_norm.weight"])
             q = self._rope(self._proj(cur, p, "attn_q", hp.head_count), pos, il)
-            k = self._rope(self._proj(cur, p, "attn_k", hp.head_count_kv), pos, il)
-            v = self._proj(cur, p, "attn_v", hp.head_count_kv)
+            k = self._stored(self._rope(self._proj(cur, p, "attn_k", hp.head_count_kv), pos, il))
+            v = self._stored(self._proj(cur, p, "attn_v", hp.head_count_kv))
             ks.append(np.concatenate([self.k[il], k]))  # [S, nkv, hd]
             vs.append(np.concatenate([self.v[il], v]))
             att = self._mm(self._attention(q, ks[-1], vs[-1], start, il), p + "attn_output.weight")
