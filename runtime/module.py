@@ -19,6 +19,11 @@ from zinc.errors import ArtifactError
 from zinc.runtime.device import open_device
 
 PARAMETER_SCOPE = "model"
+# the element types `empty` allocates (the KV slab's, by the manifest's name): numpy's and IREE's
+ELEMENT_TYPES: dict[str, tuple[np.dtype[Any], rt.HalElementType]] = {
+    "f32": (np.dtype(np.float32), rt.HalElementType.FLOAT_32),
+    "f16": (np.dtype(np.float16), rt.HalElementType.FLOAT_16),
+}
 
 
 class LoadedModule:
@@ -66,11 +71,10 @@ class LoadedModule:
         The KV slab uses it: a step reads only the rows earlier steps wrote, so a 2048-position
         cache costs memory in proportion to the positions in use, not to its size.
         """
-        np_type, hal_type = {"f32": (np.float32, rt.HalElementType.FLOAT_32),
-                             "f16": (np.float16, rt.HalElementType.FLOAT_16)}[dtype]  # fmt: skip
-        size = int(np.prod(shape)) * np.dtype(np_type).itemsize
+        np_type, hal_type = ELEMENT_TYPES[dtype]
+        size = int(np.prod(shape)) * np_type.itemsize
         buffer = self.device.allocator.allocate_buffer(
             memory_type=int(rt.MemoryType.DEVICE_LOCAL), allowed_usage=int(rt.BufferUsage.DEFAULT), allocation_size=size
         )
         view = rt.HalBufferView(buffer, list(shape), hal_type)
-        return rt.DeviceArray(self.device, view, override_dtype=np.dtype(np_type))
+        return rt.DeviceArray(self.device, view, override_dtype=np_type)

@@ -25,7 +25,7 @@ from zinc.artifact import Manifest, load_manifest
 from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidRequestError
 from zinc.model.gguf_file import open_gguf
 from zinc.runtime.device import DeviceSpec, to_host
-from zinc.runtime.module import LoadedModule
+from zinc.runtime.module import ELEMENT_TYPES, LoadedModule
 
 DEFAULT_CONTEXT = 2048
 # Tokens per prefill call, per target. It bounds the step's transient memory (activations and
@@ -36,7 +36,6 @@ DEFAULT_CONTEXT = 2048
 # covers it).
 PREFILL_CHUNK = {"cpu": 128, "vulkan": 8}
 SCRATCH_SLOTS = 64
-KV_DTYPES = {"f32": np.float32, "f16": np.float16}  # the slab's element type (manifest kv_cache.dtype)
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 
 
@@ -116,10 +115,10 @@ class ModelSession:
         self._kv_write = self.module.fn("kv_write")
         self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
         self.kv_dtype = self.manifest.kv_cache.dtype  # f16 on the CPU, f32 on Vulkan
-        if self.kv_dtype not in KV_DTYPES:
+        if self.kv_dtype not in ELEMENT_TYPES:
             raise ArtifactError(f"{artifact_dir}: KV cache type {self.kv_dtype!r} is not supported")
         self.cache = self.module.empty((self.kv_slots, *self.row_shape), self.kv_dtype)  # only written slots are read
-        zero = np.zeros((1, *self.row_shape), KV_DTYPES[self.kv_dtype])  # padding reads scratch slot 0: keep it finite
+        zero = np.zeros((1, *self.row_shape), ELEMENT_TYPES[self.kv_dtype][0])  # padding reads scratch slot 0: keep it finite
         self._kv_write(self.cache, self.module.to_device(zero), self.module.to_device(np.zeros(1, np.int32)))
 
     @property
@@ -131,7 +130,7 @@ class ModelSession:
         return self.batch_sizes[-1]
 
     def kv_cache_bytes(self) -> int:
-        return self.kv_slots * int(np.prod(self.row_shape)) * np.dtype(KV_DTYPES[self.kv_dtype]).itemsize
+        return self.kv_slots * int(np.prod(self.row_shape)) * ELEMENT_TYPES[self.kv_dtype][0].itemsize
 
     def _check(self, ids: Sequence[int], start: int) -> np.ndarray[Any, np.dtype[np.int32]]:
         arr = np.asarray(ids, dtype=np.int64)
