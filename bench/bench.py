@@ -633,7 +633,7 @@ def render(data: Json, history: str) -> str:
         "argmax. Compare with the plain decode row for the cost of structured output.",
         "- **Peak memory:** VmHWM of that same process after every measurement above except the constrained "
         "decode (the 512-token prefill included): the model, its tokenizer (zinc builds its `Tokenizer` while "
-        "opening; llama.cpp loads its vocabulary) and the KV cache, zinc's in float32 "
+        "opening; llama.cpp loads its vocabulary) and the KV cache, zinc's in float16 on the CPU "
         f"({CONTEXT} positions), llama.cpp's in float16. The second memory row is zinc's VmHWM after the "
         "constrained decode as well, which llama.cpp's run has no counterpart for: llguidance's view of the "
         "vocabulary, with its token-set slices that keep a mask under a millisecond.",
