@@ -47,7 +47,8 @@ PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk). Each one
 # quantizes its activation rows again, so more of them cost more for more rows: one token reads
 # the weights and gains from the balance of 16; a batch of 4 or 8 and a prompt chunk gain from
-# fewer (SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4; 512-token prefill 290 -> 230 ms with 2).
+# fewer (2 cores: SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4; 512-token prefill 290 -> 230 ms
+# with 2). A batch gets at least one workgroup per CPU (`_workgroups`).
 DECODE_WORKGROUPS, BATCH_WORKGROUPS, PREFILL_WORKGROUPS = 16, 4, 2
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
@@ -105,6 +106,18 @@ def lanes(q: QuantType, n: int, rows: int) -> int:
     else 8."""
     wide = wide_enabled() and rows > 1 and q.name in WIDE_TYPES
     return 16 if wide and (n // G) % 2 == 0 else 8
+
+
+def _workgroups(rows: int, prefill: bool) -> int:
+    """Workgroups for a kernel over `rows` activation rows (per tile for a prompt chunk, whose
+    tiles already give a 128-token chunk 32 workgroups); a batch has at least one per usable CPU
+    of the host the artifact is compiled for (and served on: it targets the host's CPU)."""
+    if prefill:
+        return PREFILL_WORKGROUPS
+    if rows == 1:
+        return DECODE_WORKGROUPS
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(BATCH_WORKGROUPS, cpus)
 
 
 def supports(q: QuantType, n: int, k: int) -> bool:
@@ -487,8 +500,7 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = lanes(q, n, r)
     units = ng // (v // G)  # the loop's steps: groups, or pairs of groups side by side
-    target = PREFILL_WORKGROUPS if prefill else BATCH_WORKGROUPS if r > 1 else DECODE_WORKGROUPS
-    per_wg = max(1, -(-units // target))
+    per_wg = max(1, -(-units // _workgroups(r, prefill)))
     nwg = -(-units // per_wg)
     types = plane_types(q, n, k)
     dscale = _scale_load(q, "%wd", "%dw", v)
