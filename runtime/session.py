@@ -154,15 +154,17 @@ class ModelSession:
         where = self._slots(slots, start + arr.size)
         size = PREFILL_CHUNK[self.manifest.target]
         last = (arr.size - 1) // size * size  # the last chunk's offset: only it needs the head
-        for off in range(0, last, size):
-            self._chunk(arr[off : off + size], start + off, where, rows_only=True)
+        self._store_rows(arr[:last], start, where)
         _, logits, token = self._chunk(arr[last:], start + last, where, rows_only=False)
         return StepResult(self, token, logits)
 
     def prefill_rows(self, ids: Sequence[int], start: int, slots: Slots | Sequence[int]) -> None:
         """Store the K/V rows of `ids` at positions start.. (a prompt's earlier part: no logits)."""
         arr = self._check(ids, start)
-        where = self._slots(slots, start + arr.size)
+        self._store_rows(arr, start, self._slots(slots, start + arr.size))
+
+    def _store_rows(self, arr: np.ndarray[Any, np.dtype[np.int32]], start: int, where: Slots) -> None:
+        """`prefill_kv` calls of at most one chunk each over `arr`, at positions start.."""
         size = PREFILL_CHUNK[self.manifest.target]
         for off in range(0, arr.size, size):
             self._chunk(arr[off : off + size], start + off, where, rows_only=True)
