@@ -75,10 +75,6 @@ def worker_zinc(spec: Json) -> Json:
     """One zinc run: cold start, then warm prefill per prompt length, then greedy decode."""
     t_spawn = float(spec["t_spawn"])
     t_main = time.monotonic()
-    import iree.runtime as rt
-
-    if spec["driver"] == "local-task":  # the IREE task system: one worker per topology group
-        rt.flags.parse_flags(f"--task_topology_group_count={spec['threads']}")
     from zinc.compiler.build import ensure_artifact
     from zinc.model.gguf_file import open_gguf
     from zinc.runtime.device import resolve_device
@@ -89,7 +85,8 @@ def worker_zinc(spec: Json) -> Json:
     gguf = Path(spec["gguf"])
     artifact = ensure_artifact(gguf, "cpu", cache_dir=Path(spec["cache_dir"]))
     t_found = time.monotonic()
-    session = ModelSession(artifact, gguf, resolve_device("cpu", spec["driver"]), context_length=CONTEXT)
+    device = resolve_device("cpu", spec["driver"], threads=int(spec["threads"]))
+    session = ModelSession(artifact, gguf, device, context_length=CONTEXT)
     # a server needs the tokenizer before its first token, and llama.cpp's open loads its vocabulary
     tokenizer = Tokenizer.from_metadata(open_gguf(gguf).metadata)
     t_opened = time.monotonic()
@@ -571,7 +568,7 @@ def render(data: Json, history: str) -> str:
         f"- **Model:** `{data['model']}` ({data['model_bytes'] / 1e6:.1f} MB file, "
         f"{weight_bytes / 1e6:.1f} MB of tensors)",
         f"- **Setup:** CPU, {THREADS} threads for both engines (zinc: IREE `{data['driver']}` driver"
-        + (f" with `--task_topology_group_count={THREADS}`" if data["driver"] == "local-task" else "")
+        + (f" with {THREADS} unpinned workers, `--threads {THREADS}`" if data["driver"] == "local-task" else "")
         + f"; llama.cpp: `n_threads={THREADS}, n_threads_batch={THREADS}, n_ctx={CONTEXT}, n_batch=512`), "
         f"context {CONTEXT} for both, greedy decoding, {data['runs']} run(s) per measurement"
         + (" (`--quick`)" if data["quick"] else "")

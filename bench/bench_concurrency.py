@@ -323,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     venv = Path(sys.executable).parent
     results = {}
     port = free_port()
-    zinc = Server("zinc", [str(venv / "zinc"), "serve", "-m", str(model), "--port", str(port), "--parallel", "8"],
+    zinc = Server("zinc", [str(venv / "zinc"), "serve", "-m", str(model), "--port", str(port), "--parallel", "8",
+                         "--threads", "2"],
                   port, "/health")  # fmt: skip
     try:
         results["zinc"] = measure(zinc, args.runs, args.tokens)

@@ -33,8 +33,9 @@ class LoadedModule:
         device_uri: str,
         parameter_files: Sequence[Path] = (),
         parameter_arrays: Mapping[str, np.ndarray[Any, Any]] | None = None,
+        threads: int | None = None,
     ) -> None:
-        self.device = open_device(device_uri)
+        self.device = open_device(device_uri, threads)
         config = rt.Config(device=self.device)
         index = rt.ParameterIndex()
         for path in parameter_files:

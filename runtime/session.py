@@ -107,6 +107,7 @@ class ModelSession:
             artifact_dir / self.manifest.vmfb,
             device.uri,
             parameter_files=[gguf.path, *(artifact_dir / a for a in self.manifest.parameter_archives)],
+            threads=device.threads,
         )
         self.device = self.module.device
         self._prefill = self.module.fn("prefill")

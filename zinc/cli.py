@@ -55,6 +55,10 @@ ModelOpt = Annotated[
 ]
 DeviceOpt = Annotated[str, typer.Option("--device", help=f"Where to run: {'|'.join(DEVICE_CHOICES)}")]
 CpuDriverOpt = Annotated[str, typer.Option("--cpu-driver", help="IREE CPU driver: local-task|local-sync")]
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", help="CPU threads for the local-task driver (default: the physical cores)"),
+]
 
 
 def fail(message: str, code: int = 1) -> NoReturn:
@@ -130,11 +134,11 @@ class Loaded:
     model_id: str
 
 
-def load(model: str | None, device: str, cpu_driver: str, context: int) -> Loaded:
+def load(model: str | None, device: str, cpu_driver: str, context: int, threads: int | None) -> Loaded:
     path = model_path(model)
     gguf = open_gguf(path)
     tokenizer = Tokenizer.from_metadata(gguf.metadata)
-    session = open_session(path, resolve_device(device, cpu_driver), context)
+    session = open_session(path, resolve_device(device, cpu_driver, threads), context)
     return Loaded(session, tokenizer, ChatTemplate.from_metadata(gguf.metadata, tokenizer), path.stem)
 
 
@@ -149,6 +153,7 @@ class ServeOptions:
     parallel: int
     api_key: str | None
     kv_tokens: int | None = None  # KV slab positions (None: `parallel` whole contexts)
+    threads: int | None = None  # local-task worker threads (None: the physical cores)
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
@@ -159,7 +164,7 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         fail(f"--parallel must be at least 1, got {o.parallel}")
     if o.kv_tokens is not None and o.kv_tokens < o.context:
         fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
-    spec = resolve_device(o.device, o.cpu_driver)
+    spec = resolve_device(o.device, o.cpu_driver, o.threads)
     catalog = registry(o.context, spec)
     model_id, path = pick_model(o.model, catalog)
     if path is None:
@@ -206,9 +211,12 @@ def serve_cmd(
     ] = None,
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
+    threads: ThreadsOpt = None,
 ) -> None:
     """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
-    run_server(ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens))
+    run_server(
+        ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads)
+    )
 
 
 @app.command("chat")
@@ -228,6 +236,7 @@ def chat_cmd(
     ] = None,
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
+    threads: ThreadsOpt = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the chat page in a browser")] = False,
 ) -> None:
     """Serve the built-in chat UI (port 9090 by default) together with the API."""
@@ -235,7 +244,7 @@ def chat_cmd(
         timer = threading.Timer(1.0, webbrowser.open, [f"http://{host}:{port}/"])
         timer.daemon = True
         timer.start()
-    options = ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens)
+    options = ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads)
     run_server(options, chat_ui=True)
 
 
@@ -282,6 +291,7 @@ def main_cmd(
     seed: Annotated[int | None, typer.Option("--seed", help="Sampling seed")] = None,
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
+    threads: ThreadsOpt = None,
     context: Annotated[
         int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")
     ] = DEFAULT_CONTEXT,
@@ -293,14 +303,14 @@ def main_cmd(
     if ctx.invoked_subcommand is not None:
         return
     if port is not None:
-        run_server(ServeOptions(model, device, cpu_driver, context, "127.0.0.1", port, 8, None))
+        run_server(ServeOptions(model, device, cpu_driver, context, "127.0.0.1", port, 8, None, threads=threads))
         return
     if prompt is None and prompt_ids is None:
         typer.echo(ctx.get_help())
         return
     sampling = SamplingParams(temperature=max(0.0, min(2.0, temperature)), seed=seed)
     ids = parse_ids(prompt_ids) if prompt_ids is not None else []
-    loaded = load(model, device, cpu_driver, context)
+    loaded = load(model, device, cpu_driver, context, threads)
     if prompt_ids is not None:
         for token in generate_ids(loaded.session, ids, n_predict, sampling):
             sys.stdout.write(f"{token} ")

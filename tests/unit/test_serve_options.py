@@ -30,6 +30,7 @@ def test_kv_slots_default_to_parallel_contexts_plus_a_scratch_page() -> None:
             "--kv-tokens must hold at least one context (512 positions), got 100",
         ),
         (["--parallel", "0"], "--parallel must be at least 1, got 0"),
+        (["--threads", "0", "--device", "cpu"], "--threads must be between 1 and 1024, got 0"),
     ],
 )
 def test_bad_batching_settings_are_one_line_errors(args: list[str], message: str) -> None:
