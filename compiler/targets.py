@@ -15,13 +15,18 @@ from pathlib import Path
 
 from zinc.errors import CompileError, ZincError
 
+# Every entry point takes a wait and a signal fence (IREE's async-external model): the runtime
+# orders calls on one timeline and waits by polling it, not with IREE's own wait (see
+# zinc.runtime.invoke for why).
+ASYNC = "--iree-execution-model=async-external"
 TARGET_FLAGS: dict[str, tuple[str, ...]] = {
     "cpu": (
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         "--iree-llvmcpu-target-cpu=host",
+        ASYNC,
     ),
-    "vulkan": ("--iree-hal-target-device=vulkan",),
+    "vulkan": ("--iree-hal-target-device=vulkan", ASYNC),
 }
 TARGETS = tuple(TARGET_FLAGS)
 

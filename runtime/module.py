@@ -2,13 +2,13 @@
 
 Owns: `LoadedModule` — a VM context holding the HAL module, an `io_parameters` module backed by
 a `ParameterIndex` over the GGUF file (and any `.irpa` of repacked weights), and the compiled
-module; `fn(name)` returns a callable entry point.
-Imports: iree.runtime, zinc.runtime.device, zinc.errors.
+module, with the timeline its calls run on; `fn(name)` returns an entry point (zinc.runtime.invoke).
+Imports: iree.runtime, numpy, zinc.runtime.device, zinc.runtime.invoke, zinc.errors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import numpy as np
 
 from zinc.errors import ArtifactError
 from zinc.runtime.device import open_device
+from zinc.runtime.invoke import Entry, Timeline
 
 PARAMETER_SCOPE = "model"
 # the element types `empty` allocates (the KV slab's, by the manifest's name): numpy's and IREE's
@@ -55,13 +56,14 @@ class LoadedModule:
         self._index = index  # keeps mmaps and buffers alive
         self.context = rt.SystemContext(vm_modules=[params, vm_module], config=config)
         self._module = self.context.modules[vm_module.name]
+        self.timeline = Timeline(self.device)
 
-    def fn(self, name: str) -> Callable[..., Any]:
+    def fn(self, name: str) -> Entry:
         try:
-            f: Callable[..., Any] = self._module[name]
+            invoker = self._module[name]
         except KeyError as exc:
             raise ArtifactError(f"compiled module has no entry point {name!r}") from exc
-        return f
+        return Entry(invoker, self.timeline, self.to_device)
 
     def to_device(self, array: np.ndarray[Any, Any]) -> Any:
         return rt.asdevicearray(self.device, np.ascontiguousarray(array))

@@ -2,7 +2,8 @@
 
 Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF and the device),
 allocates the KV slab on the device once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch
-that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call:
+that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call
+(enqueued without waiting: the device runs a module's calls in order, zinc.runtime.invoke):
 `prefill_slots` (a prompt of one sequence, split into chunks; all but the last run `prefill_kv`,
 which has no output head), `prefill_rows` (a prompt's earlier part, K/V only) and `decode_batch` (one token for
 each of up to max(batch_sizes) sequences, padded to a compiled bucket), each given the slots of
@@ -176,7 +177,7 @@ class ModelSession:
         ctx[:at] = where[:at]  # the rest points at scratch slot 0: this chunk's rows go there, then padding
         args = (self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx))
         out = (self._prefill_kv(*args),) if rows_only else self._prefill(*args)
-        self._kv_write(self.cache, out[0], self.module.to_device(where[at : at + chunk.size]))
+        self._kv_write.submit(self.cache, out[0], self.module.to_device(where[at : at + chunk.size]))
         return out
 
     def decode_batch(
@@ -199,7 +200,7 @@ class ModelSession:
             pos[i], ctx[i, :p], write[i] = p, where[:p], where[p]
         to_dev = self.module.to_device
         rows, logits, toks = self._decode[bucket](self.cache, to_dev(ids), to_dev(pos), to_dev(ctx))
-        self._kv_write(self.cache, rows, to_dev(write))
+        self._kv_write.submit(self.cache, rows, to_dev(write))  # the next call waits for it on the device
         return BatchStepResult(self, toks, logits)
 
     def _own_slots(self, n: int) -> Slots:

@@ -1,0 +1,77 @@
+"""Tier 2: calling entry points on a module's timeline (zinc.runtime.invoke).
+
+Artifacts are compiled with IREE's async-external model: each call waits for the one before it
+on the device and the host polls the timeline. Calls enqueued with `submit` (the KV write-back)
+must be done before a later call reads their effect; a call that fails to start must not leave
+the timeline waiting for a value nobody signals; a function compiled the synchronous way (an
+artifact built before) must still run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from iree.compiler import compile_str
+
+from tests.conftest import DEVICES, device_params
+from tests.kernels.test_paged_kernels import HD, HKV, L, paged_module
+from zinc.compiler.targets import ASYNC, TARGET_FLAGS, compile_mlir
+from zinc.runtime.device import to_host
+from zinc.runtime.module import LoadedModule
+
+SLOTS = 64
+
+
+def _fill(mod: LoadedModule, vulkan: bool) -> tuple[object, np.ndarray]:
+    """The slab after 8 submitted writes of 8 rows each (a prefill's chunks)."""
+    dt, np_dt = ("f32", np.float32) if vulkan else ("f16", np.float16)
+    cache = mod.empty((SLOTS, L, 2, HKV, HD), dt)
+    expect = np.random.default_rng(3).standard_normal((SLOTS, L, 2, HKV, HD)).astype(np_dt)
+    write = mod.fn("kv_write")
+    for at in range(0, SLOTS, 8):
+        where = np.arange(at, at + 8, dtype=np.int32)
+        write.submit(cache, mod.to_device(expect[at : at + 8]), mod.to_device(where))
+    return cache, expect
+
+
+@pytest.mark.parametrize("device", device_params("cpu-task", "vulkan"))
+def test_submitted_calls_are_done_before_the_next_call_reads(device: str) -> None:
+    spec = DEVICES[device]()
+    vulkan = spec.target == "vulkan"
+    mod = LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri)
+    assert mod.fn("one").fenced and mod.fn("kv_write").fenced
+    cache, expect = _fill(mod, vulkan)
+    assert mod.timeline.submitted == SLOTS // 8
+    ctx = np.random.default_rng(4).permutation(SLOTS).astype(np.int32)
+    one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)  # waits for its own call only
+    assert mod.timeline.semaphore.query() == mod.timeline.submitted == SLOTS // 8 + 1
+    assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))
+
+
+def test_a_call_that_cannot_start_leaves_the_timeline_usable() -> None:
+    spec = DEVICES["cpu-task"]()
+    mod = LoadedModule(compile_mlir(paged_module(False, tiled=True), spec.target), spec.uri)
+    cache, expect = _fill(mod, vulkan=False)
+    before = mod.timeline.submitted
+    with pytest.raises(ValueError, match="expected 4 arguments but passed 3"):  # the ctx is missing
+        mod.fn("one")(cache)
+    with pytest.raises(TypeError, match="not booleans"):
+        mod.fn("one")(cache, True)
+    assert mod.timeline.submitted == before
+    ctx = np.arange(SLOTS, dtype=np.int32)
+    one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)
+    assert np.array_equal(one, expect[:, L - 1, 1].astype(np.float32))
+
+
+def test_functions_compiled_synchronously_still_run() -> None:
+    spec = DEVICES["cpu-task"]()
+    flags = [f for f in TARGET_FLAGS["cpu"] if f != ASYNC]
+    vmfb = compile_str(paged_module(False, tiled=True), extra_args=flags)
+    assert isinstance(vmfb, bytes)
+    mod = LoadedModule(vmfb, spec.uri)
+    assert not mod.fn("one").fenced
+    cache, expect = _fill(mod, vulkan=False)  # `submit` runs a synchronous function to its end
+    assert mod.timeline.submitted == 0
+    ctx = np.arange(SLOTS, dtype=np.int32)[::-1].copy()
+    one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)
+    assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))
