@@ -16,7 +16,7 @@ from pathlib import Path
 from zinc.errors import CompileError, ZincError
 
 # Every entry point takes a wait and a signal fence (IREE's async-external model): the runtime
-# orders calls on one timeline and waits by polling it, not with IREE's own wait (see
+# orders calls on one timeline and waits on an eventfd it exports, not with IREE's own wait (see
 # zinc.runtime.invoke for why).
 ASYNC = "--iree-execution-model=async-external"
 TARGET_FLAGS: dict[str, tuple[str, ...]] = {

@@ -1,13 +1,17 @@
 """Tier 2: calling entry points on a module's timeline (zinc.runtime.invoke).
 
 Artifacts are compiled with IREE's async-external model: each call waits for the one before it
-on the device and the host polls the timeline. Calls enqueued with `submit` (the KV write-back)
+on the device and the host blocks on an eventfd the timeline exports (or polls it). Calls enqueued with `submit` (the KV write-back)
 must be done before a later call reads their effect; a call that fails to start must not leave
 the timeline waiting for a value nobody signals; a function compiled the synchronous way (an
 artifact built before) must still run.
 """
 
 from __future__ import annotations
+
+import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +20,8 @@ from iree.compiler import compile_str
 from tests.conftest import DEVICES, device_params
 from tests.kernels.test_paged_kernels import HD, HKV, L, paged_module
 from zinc.compiler.targets import ASYNC, TARGET_FLAGS, compile_mlir
-from zinc.runtime.device import to_host
+from zinc.runtime.device import open_device, to_host
+from zinc.runtime.invoke import Timeline
 from zinc.runtime.module import LoadedModule
 
 SLOTS = 64
@@ -34,18 +39,39 @@ def _fill(mod: LoadedModule, vulkan: bool) -> tuple[object, np.ndarray]:
     return cache, expect
 
 
+@pytest.mark.parametrize("poll", [False, True], ids=["eventfd", "poll"])
 @pytest.mark.parametrize("device", device_params("cpu-task", "vulkan"))
-def test_submitted_calls_are_done_before_the_next_call_reads(device: str) -> None:
+def test_submitted_calls_are_done_before_the_next_call_reads(device: str, poll: bool) -> None:
     spec = DEVICES[device]()
     vulkan = spec.target == "vulkan"
     mod = LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri)
     assert mod.fn("one").fenced and mod.fn("kv_write").fenced
+    mod.timeline.exports = not poll
     cache, expect = _fill(mod, vulkan)
     assert mod.timeline.submitted == SLOTS // 8
     ctx = np.random.default_rng(4).permutation(SLOTS).astype(np.int32)
     one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)  # waits for its own call only
     assert mod.timeline.semaphore.query() == mod.timeline.submitted == SLOTS // 8 + 1
     assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))
+    assert mod.timeline.exports is not poll  # the eventfd wait worked (it turns itself off on failure)
+
+
+@pytest.mark.parametrize("poll", [False, True], ids=["eventfd", "poll"])
+def test_a_wait_blocks_until_the_value_and_ends_when_the_device_fails(poll: bool) -> None:
+    device = open_device("local-task")
+    fds = len(os.listdir("/proc/self/fd"))
+    timeline = Timeline(device)
+    timeline.exports = not poll
+    threading.Timer(0.05, timeline.semaphore.signal, [1]).start()
+    t0 = time.perf_counter()
+    timeline.wait(1)
+    assert time.perf_counter() - t0 >= 0.04 and timeline.semaphore.query() == 1
+    assert timeline.exports is not poll
+    threading.Timer(0.05, timeline.semaphore.fail, ["a dispatch failed"]).start()
+    with pytest.raises(RuntimeError, match="a dispatch failed"):  # not a hang
+        timeline.wait(2)
+    del timeline
+    assert len(os.listdir("/proc/self/fd")) == fds  # the eventfds were closed
 
 
 def test_a_call_that_cannot_start_leaves_the_timeline_usable() -> None:
