@@ -9,7 +9,7 @@ order they are made, and `Entry.submit` can enqueue a call whose results the hos
 its results.
 
 The wait: the semaphore exports an eventfd that IREE signals at the value, and the host blocks in
-`select` on it (polling the semaphore where it cannot export one). Not IREE's own wait (a
+`poll` on it (polling the semaphore where it cannot export one). Not IREE's own wait (a
 synchronous function, or `HalFence.wait`): once woken it spins until the thread that signalled it
 has finished its callback, and when that thread has just lost its core to the waiter, the spin
 holds the core it needs. Decode steps through ModelSession on 2 cores: SmolLM2 4.7 -> 3.8 ms,
@@ -53,8 +53,10 @@ class Timeline:
             return
         fd = self._eventfd(value)
         if fd is not None:
-            try:
-                while not select.select([fd], [], [], CHECK_S)[0]:
+            try:  # poll, not select: a server with many connections has descriptors past 1024
+                ready = select.poll()
+                ready.register(fd, select.POLLIN)
+                while not ready.poll(CHECK_S * 1000):
                     query()  # raises if the device failed
             finally:
                 os.close(fd)

@@ -10,6 +10,7 @@ artifact built before) must still run.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 
@@ -72,6 +73,25 @@ def test_a_wait_blocks_until_the_value_and_ends_when_the_device_fails(poll: bool
         timeline.wait(2)
     del timeline
     assert len(os.listdir("/proc/self/fd")) == fds  # the eventfds were closed
+
+
+def test_a_wait_works_with_descriptors_past_1024() -> None:
+    """A server with many connections: the eventfd's number is past select()'s limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the open-file limit ({hard}) cannot reach past 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    read, write = os.pipe()
+    held = [os.dup(read) for _ in range(1100 - len(os.listdir("/proc/self/fd")))]
+    try:
+        timeline = Timeline(open_device("local-task"))
+        threading.Timer(0.05, timeline.semaphore.signal, [1]).start()
+        timeline.wait(1)
+        assert timeline.exports and timeline.semaphore.query() == 1
+    finally:
+        for fd in [*held, read, write]:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_call_that_cannot_start_leaves_the_timeline_usable() -> None:
