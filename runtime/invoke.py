@@ -6,7 +6,9 @@ async-external model (`iree.abi.model` = coarse-fences, see zinc.compiler.target
 and a signal fence: call k waits for value k and signals k + 1, so the device runs calls in the
 order they are made, and `Entry.submit` can enqueue a call whose results the host never reads
 (the KV write-back) without waiting for it. `Entry.__call__` waits for its own call, then returns
-its results.
+its results. A call that fails (to start, or on the device, which fails the semaphore) resets the
+timeline: a new semaphore once the calls already enqueued have ended, so one failed step does not
+fail every later one.
 
 The wait: the semaphore exports an eventfd that IREE signals at the value, and the host blocks in
 `poll` on it (polling the semaphore where it cannot export one). Not IREE's own wait (a
@@ -21,6 +23,7 @@ Imports: iree.runtime, numpy, the stdlib.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
@@ -31,6 +34,7 @@ from typing import Any
 import iree.runtime as rt
 import numpy as np
 
+DRAIN_NS = 30_000_000_000  # a reset waits at most this long for the calls already enqueued
 POLL_S = 30e-6  # between looks at the semaphore: the kernel's timer slack makes it about 80 us
 CHECK_S = 0.1  # a blocked wait still asks the semaphore this often whether the device failed
 MAX_RESULTS = 16
@@ -65,6 +69,16 @@ class Timeline:
         while query() < value:
             time.sleep(POLL_S)
 
+    def reset(self) -> None:
+        """After a call that failed (to start, or on the device): a new semaphore from 0, once the
+        calls already enqueued have ended, so that later calls neither wait for a value nobody
+        will signal nor inherit the old semaphore's failure."""
+        with self.lock:
+            with contextlib.suppress(Exception):  # failed: the calls queued behind the failure never run
+                self.semaphore.wait(self.submitted, timeout=DRAIN_NS)
+            self.semaphore = self.device.create_semaphore(0)
+            self.submitted = 0
+
     def _eventfd(self, value: int) -> int | None:
         """A new eventfd that IREE signals when the timeline reaches `value` (the caller closes
         it), or None where the semaphore cannot export one."""
@@ -73,7 +87,7 @@ class Timeline:
         point = rt.HalExternalTimepoint()
         try:
             self.semaphore.export_timepoint(value, rt.ExternalTimepointType.ASYNC_PRIMITIVE, 0, point)
-        except Exception:  # e.g. a Vulkan semaphore: poll instead
+        except Exception:  # a driver that cannot export one: poll instead
             self.exports = False
             return None
         # The binding shows the handle union only as a CUDA event (64 bits): an async primitive
@@ -109,15 +123,23 @@ class Entry:
     def __call__(self, *args: Any) -> Any:
         if not self.fenced:
             return self._invoker(*args)
-        results, done = self._enqueue(args)
-        self._timeline.wait(done)
+        try:
+            results, done = self._enqueue(args)
+            self._timeline.wait(done)
+        except Exception:
+            self._timeline.reset()
+            raise
         return results
 
     def submit(self, *args: Any) -> None:
-        if self.fenced:
-            self._enqueue(args)
-        else:
+        if not self.fenced:
             self._invoker(*args)
+            return
+        try:
+            self._enqueue(args)
+        except Exception:
+            self._timeline.reset()
+            raise
 
     def _enqueue(self, args: tuple[Any, ...]) -> tuple[Any, int]:
         inputs = rt.VmVariantList(len(args) + 2)

@@ -97,16 +97,28 @@ def test_a_wait_works_with_descriptors_past_1024() -> None:
 def test_a_call_that_cannot_start_leaves_the_timeline_usable() -> None:
     spec = DEVICES["cpu-task"]()
     mod = LoadedModule(compile_mlir(paged_module(False, tiled=True), spec.target), spec.uri)
-    cache, expect = _fill(mod, vulkan=False)
-    before = mod.timeline.submitted
+    cache, expect = _fill(mod, vulkan=False)  # 8 writes enqueued, none waited for
     with pytest.raises(ValueError, match="expected 4 arguments but passed 3"):  # the ctx is missing
         mod.fn("one")(cache)
     with pytest.raises(TypeError, match="not booleans"):
-        mod.fn("one")(cache, True)
-    assert mod.timeline.submitted == before
+        mod.fn("kv_write").submit(cache, True)
+    assert mod.timeline.submitted == 0  # reset: a new semaphore, after the enqueued writes ended
     ctx = np.arange(SLOTS, dtype=np.int32)
     one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)
     assert np.array_equal(one, expect[:, L - 1, 1].astype(np.float32))
+
+
+def test_a_failed_device_call_does_not_fail_the_calls_after_it() -> None:
+    spec = DEVICES["cpu-task"]()
+    mod = LoadedModule(compile_mlir(paged_module(False, tiled=True), spec.target), spec.uri)
+    cache, expect = _fill(mod, vulkan=False)
+    mod.timeline.wait(mod.timeline.submitted)
+    mod.timeline.semaphore.fail("a dispatch failed")  # as the device does when a call fails
+    one, ctx = mod.fn("one"), np.arange(SLOTS, dtype=np.int32)
+    with pytest.raises(RuntimeError, match="a dispatch failed"):
+        one(cache, mod.to_device(ctx))
+    got = to_host(one(cache, mod.to_device(ctx)), mod.device)
+    assert np.array_equal(got, expect[:, L - 1, 1].astype(np.float32))
 
 
 def test_functions_compiled_synchronously_still_run() -> None:
