@@ -47,6 +47,7 @@ class Timeline:
         self.submitted = 0  # the value the last call made will signal
         self.lock = threading.Lock()
         self.exports = True  # whether `_eventfd` may be tried (it turns off where it fails)
+        self._checked = False  # whether an exported descriptor was seen to be an eventfd (once is enough)
 
     def wait(self, value: int) -> None:
         """Until `value` is signalled: blocked on an eventfd IREE signals at that value, or
@@ -94,14 +95,17 @@ class Timeline:
         # is its type byte (1: a file descriptor), then the descriptor at byte 4.
         raw = int(point.cuda_event)
         fd = (raw >> 32) & 0xFFFFFFFF
-        if point.type != rt.ExternalTimepointType.ASYNC_PRIMITIVE or raw & 0xFF != 1 or not _is_eventfd(fd):
+        layout = point.type == rt.ExternalTimepointType.ASYNC_PRIMITIVE and raw & 0xFF == 1
+        if not layout or not (self._checked or _is_eventfd(fd)):
             self.exports = False
             return None
+        self._checked = True  # the layout is the binding's: one look at /proc covers every later step
         return fd
 
 
 def _is_eventfd(fd: int) -> bool:
-    """Whether `fd` is an eventfd of this process (checked before zinc waits on or closes it)."""
+    """Whether `fd` is an eventfd of this process (checked on the first export, before zinc waits
+    on or closes one)."""
     try:
         return os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[eventfd]"
     except OSError:
