@@ -111,7 +111,7 @@ def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DE
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *TARGET_FLAGS[target],
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
-        f"wide={_use_dot8(target) and dot8.wide_enabled()}",
+        f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]

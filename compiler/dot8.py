@@ -17,6 +17,7 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
     `vpdpbusd` (`lanes`, `wide_enabled()`): the same layout, half the instructions per product;
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
+Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply.
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
 (docs/PERFORMANCE.md, History), which is why these kernels name the instructions.
 Imports: numpy, zinc.compiler.kernels (QuantType, templates).
@@ -50,6 +51,11 @@ PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # fewer (2 cores: SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4; 512-token prefill 290 -> 230 ms
 # with 2). A batch gets at least one workgroup per CPU (`_workgroups`).
 DECODE_WORKGROUPS, BATCH_WORKGROUPS, PREFILL_WORKGROUPS = 16, 4, 2
+# Software prefetch of the quants this many blocks ahead (2 KB for the 4-bit types): with the
+# hardware prefetcher alone the kernels still wait on their reads. SmolLM2 decode step through
+# ModelSession, 1 / 4 / 8 rows: 3.02 / 3.45 / 4.71 -> 2.60 / 3.30 / 4.36 ms; 8 blocks ahead
+# helped less, 32 no more; prefetching the scale planes too, no more (docs/PERFORMANCE.md, History).
+PREFETCH_BLOCKS = 16
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
@@ -316,6 +322,7 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
     five = q.name == "Q5_0"
+    lines += _prefetch_lines(q, v)
     for s in range(DOT8_TYPES[q.name]):
         lines += _group_load(f"%w{s}", "%wq", f"%b, %c{s}, %c0", "${QS}", "32xi8", v)
         if five:  # nibble | 16 where the half's word has bit r in byte i (see _q5_0_fifth_bits)
@@ -385,6 +392,30 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
                 f"%a{r} = math.fma %mw, %sxv{r}, %a{r}x : {vf}",
             ]
     return "\n".join("          " + ln for ln in lines)
+
+
+def prefetch_blocks() -> int:
+    """How many blocks ahead of the one being multiplied the kernels prefetch the quants of
+    (`PREFETCH_BLOCKS`; `ZINC_CPU_PREFETCH` sets it, 0 turns prefetching off)."""
+    raw = os.environ.get("ZINC_CPU_PREFETCH", "")
+    return int(raw) if raw.isdigit() else PREFETCH_BLOCKS
+
+
+def _prefetch_lines(q: QuantType, v: int) -> list[str]:
+    """`memref.prefetch` of each 64-byte line of the quants `prefetch_blocks()` blocks ahead in
+    every group of the vector. A group's blocks are contiguous and the groups of a workgroup
+    follow each other, so past a group's last block this is the next group's first: one stream
+    ahead of the loads. A prefetch never faults, so the last groups' run past the plane is harmless."""
+    ahead = prefetch_blocks()
+    if not ahead:
+        return []
+    lines = [f"%cpf = arith.constant {ahead} : index", "%bpf = arith.addi %b, %cpf : index"]
+    for g in ("%g",) if v == G else ("%ga", "%gb"):
+        lines += [
+            f"memref.prefetch %wq[{g}, %bpf, %c{s}, %c0], read, locality<3>, data : memref<${{QS}}>"
+            for s in range(0, DOT8_TYPES[q.name], 2)  # two 32-byte loads per line
+        ]
+    return lines
 
 
 def _group_load(out: str, mem: str, idx: str, shape: str, ty: str, v: int) -> list[str]:

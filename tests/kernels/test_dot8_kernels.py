@@ -156,3 +156,23 @@ def test_int8_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None
     assert not dot8.enabled()
     monkeypatch.setenv("ZINC_CPU_INT8", "1")
     assert dot8.enabled() == dot8.host_supports()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q6_K"])
+def test_prefetch_changes_no_result(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The quants' software prefetch (on by default; its last groups' run past the plane) gives
+    the same bits as the kernels without it, for one row, a batch and a prompt chunk."""
+    spec = DEVICES["cpu"]()
+    q = QUANT_TYPES[qtype]
+    n, k, raw = weights(qtype, np.random.default_rng(7))[-1]
+    planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
+    x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32)
+    outs = []
+    for ahead in ("16", "0"):
+        monkeypatch.setenv("ZINC_CPU_PREFETCH", ahead)
+        text = kernel_module(qtype, n, k)
+        assert ("memref.prefetch" in text) == (ahead != "0")
+        mod = LoadedModule(compile_mlir(text, spec.target), spec.uri, parameter_arrays=planes)
+        outs.append([to_host(mod.fn(f)(mod.to_device(x[:r])), mod.device) for f, r in (("mv", 1), ("b9", 9), ("mm", 9))])
+    for with_prefetch, without in zip(*outs, strict=True):
+        assert np.array_equal(with_prefetch, without)
