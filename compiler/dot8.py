@@ -20,7 +20,7 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
 Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply.
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
 (docs/PERFORMANCE.md, History), which is why these kernels name the instructions.
-Imports: numpy, zinc.compiler.kernels (QuantType, templates).
+Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.errors.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from zinc.compiler.kernels import QuantType, template
+from zinc.errors import ZincError
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
 # type -> 32-byte loads per block
@@ -398,7 +399,9 @@ def prefetch_blocks() -> int:
     """How many blocks ahead of the one being multiplied the kernels prefetch the quants of
     (`PREFETCH_BLOCKS`; `ZINC_CPU_PREFETCH` sets it, 0 turns prefetching off)."""
     raw = os.environ.get("ZINC_CPU_PREFETCH", "")
-    return int(raw) if raw.isdigit() else PREFETCH_BLOCKS
+    if raw and not raw.isdigit():
+        raise ZincError(f"ZINC_CPU_PREFETCH must be a whole number of blocks (0: off), got {raw!r}")
+    return int(raw) if raw else PREFETCH_BLOCKS
 
 
 def _prefetch_lines(q: QuantType, v: int) -> list[str]:

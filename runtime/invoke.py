@@ -125,25 +125,22 @@ class Entry:
         self.fenced = self._function.reflection.get("iree.abi.model") == "coarse-fences"
 
     def __call__(self, *args: Any) -> Any:
+        return self._run(args, wait=True)
+
+    def submit(self, *args: Any) -> None:
+        self._run(args, wait=False)
+
+    def _run(self, args: tuple[Any, ...], wait: bool) -> Any:
         if not self.fenced:
             return self._invoker(*args)
         try:
             results, done = self._enqueue(args)
-            self._timeline.wait(done)
+            if wait:
+                self._timeline.wait(done)
         except Exception:
             self._timeline.reset()
             raise
         return results
-
-    def submit(self, *args: Any) -> None:
-        if not self.fenced:
-            self._invoker(*args)
-            return
-        try:
-            self._enqueue(args)
-        except Exception:
-            self._timeline.reset()
-            raise
 
     def _enqueue(self, args: tuple[Any, ...]) -> tuple[Any, int]:
         inputs = rt.VmVariantList(len(args) + 2)

@@ -20,6 +20,7 @@ from tests.kernels.test_quant_kernels import random_blocks
 from zinc.compiler import dot8
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.compiler.targets import compile_mlir
+from zinc.errors import ZincError
 from zinc.model.reference import q8_round
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -179,3 +180,11 @@ def test_prefetch_changes_no_result(qtype: str, monkeypatch: pytest.MonkeyPatch)
         outs.append([to_host(mod.fn(f)(mod.to_device(x[:r])), mod.device) for f, r in (("mv", 1), ("b9", 9), ("mm", 9))])
     for with_prefetch, without in zip(*outs, strict=True):
         assert np.array_equal(with_prefetch, without)
+
+
+def test_a_bad_prefetch_distance_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ZINC_CPU_PREFETCH", "2k")
+    with pytest.raises(ZincError, match="ZINC_CPU_PREFETCH must be a whole number of blocks"):
+        dot8.prefetch_blocks()
+    monkeypatch.setenv("ZINC_CPU_PREFETCH", "")
+    assert dot8.prefetch_blocks() == dot8.PREFETCH_BLOCKS
