@@ -19,12 +19,18 @@ from zinc.errors import CompileError, ZincError
 # orders calls on one timeline and waits on an eventfd it exports, not with IREE's own wait (see
 # zinc.runtime.invoke for why).
 ASYNC = "--iree-execution-model=async-external"
+# On the CPU, command buffers bind their buffers when they run, not when recorded: a decode step
+# enqueued behind the one before it reads that step's greedy tokens, a transient buffer that
+# exists only once the step runs (recorded directly, IREE 3.13's local HAL refuses it: "transient
+# buffer has not been committed"). On Vulkan the chained step runs as it is (lavapipe; tests/model).
+INDIRECT = "--iree-hal-force-indirect-command-buffers"
 TARGET_FLAGS: dict[str, tuple[str, ...]] = {
     "cpu": (
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         "--iree-llvmcpu-target-cpu=host",
         ASYNC,
+        INDIRECT,
     ),
     "vulkan": ("--iree-hal-target-device=vulkan", ASYNC),
 }

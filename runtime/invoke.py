@@ -6,7 +6,8 @@ async-external model (`iree.abi.model` = coarse-fences, see zinc.compiler.target
 and a signal fence: call k waits for value k and signals k + 1, so the device runs calls in the
 order they are made, and `Entry.submit` can enqueue a call whose results the host never reads
 (the KV write-back) without waiting for it. `Entry.__call__` waits for its own call, then returns
-its results. A call that fails (to start, or on the device, which fails the semaphore) resets the
+its results; `Entry.start` returns them with the wait, so the host can enqueue the next call
+before this one ends. A call that fails (to start, or on the device, which fails the semaphore) resets the
 timeline: a new semaphore once the calls already enqueued have ended, so one failed step does not
 fail every later one.
 
@@ -46,6 +47,7 @@ class Timeline:
         self.semaphore = device.create_semaphore(0)
         self.submitted = 0  # the value the last call made will signal
         self.lock = threading.Lock()
+        self.epoch = 0  # counts resets: a wait for a call made before the last one cannot be answered
         self.exports = True  # whether `_eventfd` may be tried (it turns off where it fails)
         self._checked = False  # whether an exported descriptor was seen to be an eventfd (once is enough)
 
@@ -79,6 +81,7 @@ class Timeline:
                 self.semaphore.wait(self.submitted, timeout=DRAIN_NS)
             self.semaphore = self.device.create_semaphore(0)
             self.submitted = 0
+            self.epoch += 1
 
     def _eventfd(self, value: int) -> int | None:
         """A new eventfd that IREE signals when the timeline reaches `value` (the caller closes
@@ -114,7 +117,8 @@ def _is_eventfd(fd: int) -> bool:
 
 class Entry:
     """One entry point: `entry(*args)` runs it and returns its results (device arrays);
-    `entry.submit(*args)` only enqueues it (async-external functions) and returns nothing."""
+    `entry.submit(*args)` only enqueues it (async-external functions) and returns nothing;
+    `entry.start(*args)` enqueues it and returns its results and their wait."""
 
     def __init__(self, invoker: Any, timeline: Timeline, to_device: Callable[[np.ndarray[Any, Any]], Any]):
         self._invoker = invoker
@@ -125,24 +129,38 @@ class Entry:
         self.fenced = self._function.reflection.get("iree.abi.model") == "coarse-fences"
 
     def __call__(self, *args: Any) -> Any:
-        return self._run(args, wait=True)
-
-    def submit(self, *args: Any) -> None:
-        self._run(args, wait=False)
-
-    def _run(self, args: tuple[Any, ...], wait: bool) -> Any:
-        if not self.fenced:
-            return self._invoker(*args)
-        try:
-            results, done = self._enqueue(args)
-            if wait:
-                self._timeline.wait(done)
-        except Exception:
-            self._timeline.reset()
-            raise
+        results, wait = self.start(*args)
+        wait()
         return results
 
-    def _enqueue(self, args: tuple[Any, ...]) -> tuple[Any, int]:
+    def submit(self, *args: Any) -> None:
+        self.start(*args)
+
+    def start(self, *args: Any) -> tuple[Any, Callable[[], None]]:
+        """Enqueue the call and return its results with a function that waits for them (the host
+        goes on meanwhile: it may enqueue the next call, which the device runs after this one).
+        The wait raises if this call, or one before it, failed."""
+        if not self.fenced:
+            return self._invoker(*args), _done
+        timeline = self._timeline
+        try:
+            results, done, epoch = self._enqueue(args)
+        except Exception:
+            timeline.reset()
+            raise
+
+        def wait() -> None:
+            if timeline.epoch != epoch:
+                raise RuntimeError("an earlier call on the device failed; this one did not run")
+            try:
+                timeline.wait(done)
+            except Exception:
+                timeline.reset()
+                raise
+
+        return results, wait
+
+    def _enqueue(self, args: tuple[Any, ...]) -> tuple[Any, int, int]:
         inputs = rt.VmVariantList(len(args) + 2)
         for arg in args:
             if isinstance(arg, (bool, np.bool_)):
@@ -160,7 +178,12 @@ class Entry:
             inputs.push_ref(rt.HalFence.create_at(timeline.semaphore, start + 1))
             self._context.invoke(self._function, inputs, outputs)
             timeline.submitted = start + 1
+            epoch = timeline.epoch
         views = [outputs.get_as_object(i, rt.HalBufferView) for i in range(len(outputs))]
         arrays = [rt.DeviceArray(timeline.device, view) for view in views]
         results = None if not arrays else arrays[0] if len(arrays) == 1 else tuple(arrays)
-        return results, start + 1
+        return results, start + 1, epoch
+
+
+def _done() -> None:
+    """The wait of a synchronous call: it has already finished."""

@@ -5,8 +5,10 @@ allocates the KV slab on the device once (`kv_slots` rows, slot-major; slot 0 is
 that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call
 (enqueued without waiting: the device runs a module's calls in order, zinc.runtime.invoke):
 `prefill_slots` (a prompt of one sequence, split into chunks; all but the last run `prefill_kv`,
-which has no output head), `prefill_rows` (a prompt's earlier part, K/V only) and `decode_batch` (one token for
-each of up to max(batch_sizes) sequences, padded to a compiled bucket), each given the slots of
+which has no output head), `prefill_rows` (a prompt's earlier part, K/V only), `decode_batch` (one token for
+each of up to max(batch_sizes) sequences, padded to a compiled bucket; it returns once enqueued,
+and reading the step waits for it) and `decode_next` (the step after one of those, fed its greedy
+tokens on the device, so it can be enqueued before that one is read), each given the slots of
 the positions it reads and writes; `prefill` / `decode` are the single-sequence forms with
 slot = position. Only the greedy tokens (4 bytes each) cross back to the host unless the caller
 asks for logits.
@@ -15,7 +17,7 @@ Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,10 @@ SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 
 
+def _finished() -> None:
+    """The wait of a step whose call was already waited for."""
+
+
 @dataclass
 class StepResult:
     """The outcome of one step: the greedy token, and the logits on request (device-resident)."""
@@ -47,32 +53,45 @@ class StepResult:
     _session: ModelSession
     _token: Any
     _logits: Any
+    _wait: Callable[[], None] = _finished
 
     @property
     def token(self) -> int:
+        self._wait()
         return int(to_host(self._token, self._session.device)[0])
 
     def logits(self) -> np.ndarray[Any, np.dtype[np.float32]]:
+        self._wait()
         return np.asarray(to_host(self._logits, self._session.device)[0], dtype=np.float32)
 
 
 @dataclass
 class BatchStepResult:
-    """The outcome of one batched decode step; row i is the i-th sequence given."""
+    """The outcome of one batched decode step; row i is the i-th sequence given. The call may
+    still be running on the device: `wait` (or reading a row) waits for it."""
 
     _session: ModelSession
     _tokens: Any
     _logits: Any
+    _wait: Callable[[], None] = _finished
+    bucket: int = 0  # the compiled batch size it ran in
     _host_tokens: np.ndarray[Any, np.dtype[np.int32]] | None = None
     _host_logits: np.ndarray[Any, np.dtype[np.float32]] | None = None
 
+    def wait(self) -> None:
+        """Until the step has run (raises if it failed on the device); then it is free to repeat."""
+        self._wait()
+        self._wait = _finished
+
     def token(self, i: int) -> int:
         if self._host_tokens is None:
+            self.wait()
             self._host_tokens = np.asarray(to_host(self._tokens, self._session.device), dtype=np.int32)
         return int(self._host_tokens[i])
 
     def logits(self, i: int) -> np.ndarray[Any, np.dtype[np.float32]]:
         if self._host_logits is None:
+            self.wait()
             self._host_logits = np.asarray(to_host(self._logits, self._session.device), dtype=np.float32)
         row: np.ndarray[Any, np.dtype[np.float32]] = self._host_logits[i]
         return row
@@ -184,24 +203,42 @@ class ModelSession:
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]
     ) -> BatchStepResult:
         """One token for each of B sequences: row i is `tokens[i]` at `positions[i]`, and
-        `slots[i]` the slots of its positions 0..positions[i] (the last one is written)."""
+        `slots[i]` the slots of its positions 0..positions[i] (the last one is written). Returns
+        once the step is enqueued; reading it waits for the device."""
         n = len(tokens)
         if not 1 <= n <= self.max_batch or len(positions) != n or len(slots) != n:
             raise InvalidRequestError(f"a decode batch holds 1 to {self.max_batch} sequences")
         bucket = next(b for b in self.batch_sizes if b >= n)
         ids = np.zeros(bucket, np.int32)
+        ids[:n] = self._check(tokens, 0)
+        return self._step(self.module.to_device(ids), bucket, positions, slots)
+
+    def decode_next(
+        self, prev: BatchStepResult, positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]
+    ) -> BatchStepResult:
+        """The step after `prev` for the same rows, each fed its greedy token of `prev` straight
+        from the device: it can be enqueued before `prev` has run (the device runs it after)."""
+        if len(positions) > prev.bucket or len(slots) != len(positions):
+            raise InvalidRequestError("a chained step holds the rows of the step before it")
+        return self._step(prev._tokens, prev.bucket, positions, slots)
+
+    def _step(
+        self, ids: Any, bucket: int, positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]
+    ) -> BatchStepResult:
+        """One decode call of `bucket` rows (the first len(positions) real) and its kv_write."""
         pos = np.zeros(bucket, np.int32)
         width = -(-max(1, max(positions)) // CTX_ALIGN) * CTX_ALIGN  # the longest cached part, rounded up
         ctx = np.zeros((bucket, width), np.int32)  # padding points at scratch slot 0
         write = np.zeros(bucket, np.int32)
-        for i, (token, p, own) in enumerate(zip(tokens, positions, slots, strict=True)):
-            ids[i] = self._check([token], p)[0]
+        for i, (p, own) in enumerate(zip(positions, slots, strict=True)):
+            if not 0 <= p < self.context_length:
+                raise ContextLengthExceededError(p + 1, self.context_length)
             where = self._slots(own, p + 1)
             pos[i], ctx[i, :p], write[i] = p, where[:p], where[p]
         to_dev = self.module.to_device
-        rows, logits, toks = self._decode[bucket](self.cache, to_dev(ids), to_dev(pos), to_dev(ctx))
+        (rows, logits, toks), wait = self._decode[bucket].start(self.cache, ids, to_dev(pos), to_dev(ctx))
         self._kv_write.submit(self.cache, rows, to_dev(write))  # the next call waits for it on the device
-        return BatchStepResult(self, toks, logits)
+        return BatchStepResult(self, toks, logits, wait, bucket)
 
     def _own_slots(self, n: int) -> Slots:
         """The single-sequence slots: position p in slot p + 1 (slot 0 is scratch)."""
@@ -214,4 +251,4 @@ class ModelSession:
     def decode(self, token: int, pos: int) -> StepResult:
         """Run one token at position `pos` (the number of tokens already in the cache)."""
         step = self.decode_batch([token], [pos], [self._own_slots(pos + 1)])
-        return StepResult(self, step._tokens, step._logits)
+        return StepResult(self, step._tokens, step._logits, step.wait)

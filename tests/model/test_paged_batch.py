@@ -83,6 +83,39 @@ def test_a_cached_prefix_changes_no_bit(
     assert np.array_equal(after[0], after[1])
 
 
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+def test_chained_steps_equal_steps_fed_from_the_host(
+    device: str, tiny_models: dict[str, Path], open_session: SessionFactory
+) -> None:
+    """`decode_next` enqueued before the step it follows has been read (its greedy tokens fed on
+    the device) gives the same bits as steps fed the same tokens from the host, in other slots."""
+    session = open_session(tiny_models["tiny-q8-q41"], device)
+    prompts = [[3, 17, 200, 5, 9], [7, 1, 250]]
+    host_slots = [np.arange(1 + 40 * i, 41 + 40 * i, dtype=np.int32) for i in range(2)]
+    chain_slots = [own + 100 for own in host_slots]
+    firsts = []
+    for prompt, a, b in zip(prompts, host_slots, chain_slots, strict=True):
+        firsts.append(session.prefill_slots(prompt, 0, a[: len(prompt)]).token)
+        session.prefill_slots(prompt, 0, b[: len(prompt)])
+    positions = [len(p) for p in prompts]
+
+    def own(slots: list[np.ndarray], at: list[int]) -> list[np.ndarray]:
+        return [s[: p + 1] for s, p in zip(slots, at, strict=True)]
+
+    host, tokens = [], firsts
+    for k in range(4):
+        at = [p + k for p in positions]
+        step = session.decode_batch(tokens, at, own(host_slots, at))
+        host.append(np.stack([step.logits(i) for i in range(2)]))
+        tokens = [step.token(i) for i in range(2)]
+    steps = [session.decode_batch(firsts, positions, own(chain_slots, positions))]
+    for k in range(1, 4):  # each enqueued while the one before it may still run
+        at = [p + k for p in positions]
+        steps.append(session.decode_next(steps[-1], at, own(chain_slots, at)))
+    for k, step in enumerate(steps):
+        assert np.array_equal(np.stack([step.logits(i) for i in range(2)]), host[k]), f"step {k}"
+
+
 def test_decode_batch_rejects_bad_input(tiny_models: dict[str, Path], open_session: SessionFactory) -> None:
     session = open_session(tiny_models["tiny-q8-q41"], "cpu")
     with pytest.raises(InvalidRequestError):
