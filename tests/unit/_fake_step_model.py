@@ -63,6 +63,9 @@ class Row:
 class Rows:
     tokens: list[int]
 
+    def wait(self) -> None:
+        pass
+
     def token(self, i: int) -> int:
         return self.tokens[i]
 
@@ -135,6 +138,13 @@ class FakeModel:
         for history, slot in zip(histories, written, strict=True):
             self.slab[slot] = tuple(history)
         return Rows([next_token(h) for h in histories])
+
+    def decode_next(self, prev: Rows, positions: Sequence[int], slots: Sequence[Any]) -> Rows:
+        """The chained step: `prev`'s rows fed their greedy tokens (recorded as kind "next")."""
+        assert len(positions) == len(prev.tokens) == len(slots)
+        step = self.decode_batch(prev.tokens, positions, slots)
+        self.calls[-1].kind = "next"
+        return step
 
     def rows(self, kind: str) -> list[int]:
         return [len(c.tokens) for c in self.calls if c.kind == kind]

@@ -26,6 +26,7 @@ EOS = 1
 
 
 class Greedy:
+    read_logits = False
     done = False
 
     def pick(self, greedy: int, logits: Any) -> Sampled:

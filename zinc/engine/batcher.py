@@ -11,7 +11,13 @@ its K/V rows only (`prefill_rows`: no output head). Prompts first take the pages
 pages grow on demand; when none is free the least recently used cached page is evicted, then the
 least recently used session dropped, then the youngest sequence preempted (its pages freed, it
 resumes later by prefilling its prompt and the tokens it generated). Per-token choice is the
-sequence's `TokenPicker`; events go to the request's `on_event` from the loop thread. A
+sequence's `TokenPicker`; events go to the request's `on_event` from the loop thread. While the
+same batch goes on unchanged (every running sequence in it, all greedy, none at its last token),
+each step is chained: the next one is enqueued, fed this one's greedy tokens on the device, before
+this one is read back, so the host's work for a step (reading it, delivering its tokens, building
+and enqueuing the next) runs while the device computes; a row whose sequence ended meanwhile
+was run for nothing and is dropped. Any change (a new prompt, an end, a cancel) reads the step
+in flight back first, then plans again. A
 cancelled sequence stops and frees its pages at the next step boundary. A model error ends the
 sequences of that step with an "error" event; the loop keeps serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
@@ -99,6 +105,7 @@ class Scheduler:
         self._running: list[_Sequence] = []
         self._closed = False
         self._arrivals = 0
+        self._inflight: _Inflight | None = None  # a decode step enqueued and not yet read back
         self._thread = threading.Thread(target=self._loop, name="zinc-scheduler", daemon=True)
 
     # --- the caller's side (any thread) --------------------------------------------------------
@@ -153,7 +160,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._waiting and not self._running:
+                while not self._closed and not self._waiting and not self._running and self._inflight is None:
                     self._cond.wait()
                 if self._closed:
                     break
@@ -169,6 +176,11 @@ class Scheduler:
                     continue
                 prefills = self._prefill_plan()
                 decode = [s for s in self._running if s.decoding]
+                chain = not prefills and self._chains(decode)
+            if self._inflight is not None:  # a step is on the device: chain the next one, or end it
+                step = self._inflight
+                self._guard(step.group, self._next if chain else self._complete, step)
+                continue  # plan again: that step's tokens changed what runs next
             for seq, n in prefills:
                 self._guard([seq], self._prefill, (seq, n))
             for at in range(0, len(decode), self.model.max_batch):
@@ -182,6 +194,7 @@ class Scheduler:
         try:
             run(arg)
         except Exception as exc:  # a device or sampling failure ends this step's sequences only
+            self._inflight = None  # a step chained behind a failed one does not run either
             error = exc if isinstance(exc, ZincError) else ZincError(f"generation failed: {exc}")
             with self._cond:
                 for seq in seqs:
@@ -288,13 +301,57 @@ class Scheduler:
             group = [s for s in group if s in self._running]
             positions = [len(s.fed) for s in group]
             slots = [self.pool.slots(s.pages, p + 1) for s, p in zip(group, positions, strict=True)]
+            chain = len(group) == len(self._running) and self._chains(group)
         if not group:
             return
-        step = self.model.decode_batch([s.pending[0] for s in group], positions, slots)
-        for i, seq in enumerate(group):
+        step = _Inflight(group, self.model.decode_batch([s.pending[0] for s in group], positions, slots))
+        if chain:  # the next iteration enqueues the step after it before reading it back
+            self._inflight = step
+        else:
+            self._complete(step)
+
+    def _chains(self, group: list[_Sequence]) -> bool:
+        """Whether the step after the one now running (the lock is held) can be enqueued before it
+        is read back: the same sequences (all that run, in one batch), each taking the device's
+        greedy token and sure to need that step (two more tokens within max_tokens and the context)."""
+        if not group or len(group) > self.model.max_batch:
+            return False
+        if self._inflight is not None and not _same(group, self._inflight.group):
+            return False
+        return all(
+            not s.cancelled
+            and not s.req.picker.read_logits
+            and s.generated + 2 <= s.req.max_tokens
+            and len(s.fed) + 2 <= self.model.context_length
+            for s in group
+        )
+
+    def _next(self, step: _Inflight) -> None:
+        """Enqueue the step after `step` (fed its greedy tokens on the device), then read `step` back
+        while the device runs it; falls back to reading `step` first if a page cannot be had."""
+        with self._cond:
+            grown = all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
+            positions = [len(s.fed) + 1 for s in step.group]  # step's own token is not in `fed` yet
+            slots = [self.pool.slots(s.pages, p + 1) for s, p in zip(step.group, positions, strict=True) if grown]
+        if not grown:
+            self._complete(step)
+            return
+        nxt = _Inflight(step.group, self.model.decode_next(step.step, positions, slots))
+        self._inflight = nxt
+        self._complete(step, chained=True)
+
+    def _complete(self, step: _Inflight, chained: bool = False) -> None:
+        """Read back `step` and deliver each row's token (rows of sequences that ended meanwhile
+        are dropped: a chained step ran them for nothing)."""
+        if not chained:
+            self._inflight = None
+        step.step.wait()
+        for i, seq in enumerate(step.group):
+            if seq.finished:
+                continue
             with self._cond:
                 seq.fed.append(seq.pending.pop())
-            self._guard([seq], self._pick, (seq, step, i))
+            self._guard([seq], self._pick, (seq, step.step, i))
 
     def _pick(self, row: tuple[_Sequence, BatchStep, int]) -> None:
         seq, step, i = row
@@ -329,6 +386,17 @@ class Scheduler:
         event = FinishEvent(reason, len(seq.req.prompt_ids), seq.generated, seq.cached, error)
         with contextlib.suppress(Exception):  # a consumer that is gone must not stop the loop
             seq.req.on_event(event)
+
+
+@dataclass
+class _Inflight:
+    group: list[_Sequence]
+    step: BatchStep
+
+
+def _same(a: list[_Sequence], b: list[_Sequence]) -> bool:
+    """The same sequences in the same order (identity: a sequence's fields change as it runs)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def _row(step: BatchStep, i: int) -> Callable[[], Any]:

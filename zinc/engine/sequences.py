@@ -26,6 +26,8 @@ class Step(Protocol):
 
 
 class BatchStep(Protocol):
+    def wait(self) -> None: ...
+
     def token(self, i: int) -> int: ...
 
     def logits(self, i: int) -> Any: ...
@@ -48,8 +50,14 @@ class StepModel(Protocol):
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots]
     ) -> BatchStep: ...
 
+    def decode_next(self, prev: Any, positions: Sequence[int], slots: Sequence[Slots]) -> BatchStep:
+        """The step after `prev` (a step of this model) for its rows, fed its greedy tokens on the device."""
+        ...
+
 
 class Picker(Protocol):
+    read_logits: bool  # False: `pick` keeps the greedy token, so the next step can be fed it on the device
+
     def pick(self, greedy: int, logits: Callable[[], Any]) -> Sampled: ...
 
     @property

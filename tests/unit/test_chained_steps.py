@@ -1,0 +1,154 @@
+"""Chained decode steps: the scheduler enqueues a batch's next step, fed its greedy tokens on the
+device, before it reads the current one back (zinc.engine.batcher, `Scheduler._next`).
+
+The fake model (tests/unit/_fake_step_model.py) checks every position a step reads, so a chained
+row that wrote into the wrong slot, or a freed page written after its reuse, fails the call; its
+chained calls are recorded as kind "next".
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Container
+from typing import Any
+
+from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
+from zinc.engine.batcher import Scheduler
+from zinc.engine.generate import Sampled
+from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest, TokenEvent
+
+
+class Picker:
+    done = False
+
+    def __init__(self, read_logits: bool = False) -> None:
+        self.read_logits = read_logits
+
+    def pick(self, greedy: int, logits: Any) -> Sampled:
+        return Sampled(greedy)
+
+
+class Run:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        ids: list[int],
+        max_tokens: int,
+        stop: Container[int] = frozenset(),
+        read_logits: bool = False,
+    ) -> None:
+        self.tokens: list[int] = []
+        self.finish: FinishEvent | None = None
+        self.first, self.done = threading.Event(), threading.Event()
+        req = SequenceRequest(ids, max_tokens, stop, Picker(read_logits), self.on_event)
+        self.handle = scheduler.submit(req)
+
+    def on_event(self, event: SequenceEvent) -> None:
+        if isinstance(event, TokenEvent):
+            self.tokens.append(event.sampled.token)
+            self.first.set()
+        else:
+            self.finish = event
+            self.done.set()
+
+    def wait(self) -> FinishEvent:
+        assert self.done.wait(WAIT_S), "the request did not finish"
+        assert self.finish is not None
+        return self.finish
+
+
+def started(model: FakeModel, parallel: int = 4) -> Scheduler:
+    scheduler = Scheduler(model, page_size=16, parallel=parallel, max_queue=4)
+    scheduler.start()
+    return scheduler
+
+
+def settled(scheduler: Scheduler) -> None:
+    stats = scheduler.stats()
+    assert stats.running == 0 and stats.pages.in_use == 0, stats
+
+
+def test_a_steady_batch_chains_its_steps_and_each_equals_its_solo_output() -> None:
+    model = FakeModel()
+    scheduler = started(model)
+    try:
+        prompts = [prompt(40 + i, 6 + i) for i in range(4)]
+        runs = [Run(scheduler, p, max_tokens=20) for p in prompts]
+        for run, p in zip(runs, prompts, strict=True):
+            assert run.wait().reason == "length"
+            assert run.tokens == solo(p, 20)
+        assert len(model.rows("next")) >= 10, [c.kind for c in model.calls]
+        settled(scheduler)
+    finally:
+        scheduler.close()
+
+
+def test_a_sequence_that_stops_mid_chain_gets_no_extra_token() -> None:
+    model = FakeModel()
+    scheduler = started(model)
+    try:
+        short, long = prompt(50, 7), prompt(51, 9)
+        stop_at = solo(short, 20)[5]  # its sixth token ends it, while a step after it is enqueued
+        ended = Run(scheduler, short, max_tokens=20, stop={stop_at})
+        goes_on = Run(scheduler, long, max_tokens=20)
+        assert ended.wait().reason == "stop"
+        assert ended.tokens == solo(short, 20)[: solo(short, 20).index(stop_at) + 1]
+        assert goes_on.wait().reason == "length" and goes_on.tokens == solo(long, 20)
+        assert model.rows("next")
+        settled(scheduler)
+        again = Run(scheduler, short, max_tokens=8)  # its cached pages hold only what it kept
+        assert again.wait().reason == "length" and again.tokens == solo(short, 8)
+    finally:
+        scheduler.close()
+
+
+def test_cancel_while_a_chained_step_runs_frees_the_pages_and_spares_the_others() -> None:
+    model = FakeModel(delay=0.002)
+    scheduler = started(model)
+    try:
+        keep, drop = prompt(60, 5), prompt(61, 5)
+        kept = Run(scheduler, keep, max_tokens=30)
+        dropped = Run(scheduler, drop, max_tokens=30)
+        assert dropped.first.wait(WAIT_S)
+        while not model.rows("next"):  # a chained step has been enqueued
+            threading.Event().wait(0.001)
+        dropped.handle.cancel()
+        assert dropped.wait().reason == "abort"
+        assert dropped.tokens == solo(drop, len(dropped.tokens))
+        assert kept.wait().reason == "length" and kept.tokens == solo(keep, 30)
+        settled(scheduler)
+    finally:
+        scheduler.close()
+
+
+def test_a_failed_chained_step_ends_its_batch_and_the_loop_goes_on() -> None:
+    bad = prompt(70, 6)
+    model = FakeModel(fail_on=solo(bad, 12)[6])  # fed in a chained step
+    scheduler = started(model)
+    try:
+        failing = Run(scheduler, bad, max_tokens=12)
+        finish = failing.wait()
+        assert finish.reason == "error" and finish.error is not None
+        assert "device lost" in str(finish.error)
+        assert model.rows("next")
+        settled(scheduler)
+        model.fail_on = None
+        later = prompt(71, 4)
+        after = Run(scheduler, later, max_tokens=10)
+        assert after.wait().reason == "length" and after.tokens == solo(later, 10)
+    finally:
+        scheduler.close()
+
+
+def test_a_row_that_reads_its_logits_keeps_the_batch_unchained() -> None:
+    model = FakeModel()
+    scheduler = started(model)
+    try:
+        prompts = [prompt(80 + i, 5) for i in range(3)]
+        runs = [Run(scheduler, p, max_tokens=10, read_logits=i == 1) for i, p in enumerate(prompts)]
+        for run, p in zip(runs, prompts, strict=True):
+            assert run.wait().reason == "length" and run.tokens == solo(p, 10)
+        assert not model.rows("next")
+        settled(scheduler)
+    finally:
+        scheduler.close()
