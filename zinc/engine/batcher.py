@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from zinc.engine.generate import Sampled
-from zinc.engine.kv_pages import PagePool
+from zinc.engine.kv_pages import PagePool, Slots
 from zinc.engine.sequences import (
     BatchStep,
     FinishEvent,
@@ -62,6 +62,14 @@ class _Sequence:
     arrival: int = 0  # submission order: the youngest (largest) is preempted first
     cancelled: bool = False
     finished: bool = False
+    table: tuple[list[int], Slots] | None = None  # the slots of `pages` as last computed
+
+    def slots(self, pool: PagePool, n: int) -> Slots:
+        """The slots of positions 0..n-1, recomputed only when the page table changed (a decode
+        step would otherwise rebuild every position's slot for every row)."""
+        if self.table is None or self.table[0] != self.pages:
+            self.table = (list(self.pages), pool.slots(self.pages, len(self.pages) * pool.page_size))
+        return self.table[1][:n]
 
     @property
     def decoding(self) -> bool:
@@ -275,7 +283,7 @@ class Scheduler:
         if seq.finished:  # an earlier chunk of this iteration failed it
             return
         chunk, start = seq.pending[:n], len(seq.fed)
-        slots = self.pool.slots(seq.pages, start + n)
+        slots = seq.slots(self.pool, start + n)
         if n < len(seq.pending):  # the prompt goes on: its K/V rows only
             self.model.prefill_rows(chunk, start, slots)
             self._fed(seq, n)
@@ -300,7 +308,7 @@ class Scheduler:
                         self._finish(seq, "length")  # alone and still no page: the slab is full
             group = [s for s in group if s in self._running]
             positions = [len(s.fed) for s in group]
-            slots = [self.pool.slots(s.pages, p + 1) for s, p in zip(group, positions, strict=True)]
+            slots = [s.slots(self.pool, p + 1) for s, p in zip(group, positions, strict=True)]
             chain = len(group) == len(self._running) and self._chains(group)
         if not group:
             return
@@ -332,7 +340,7 @@ class Scheduler:
         with self._cond:
             grown = all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
             positions = [len(s.fed) + 1 for s in step.group]  # step's own token is not in `fed` yet
-            slots = [self.pool.slots(s.pages, p + 1) for s, p in zip(step.group, positions, strict=True) if grown]
+            slots = [s.slots(self.pool, p + 1) for s, p in zip(step.group, positions, strict=True) if grown]
         if not grown:
             self._complete(step)
             return
