@@ -202,7 +202,7 @@ class Scheduler:
         try:
             run(arg)
         except Exception as exc:  # a device or sampling failure ends this step's sequences only
-            self._inflight = None  # a step chained behind a failed one does not run either
+            self._inflight = None  # drop a chained step: its sequences, if any go on, run it again
             error = exc if isinstance(exc, ZincError) else ZincError(f"generation failed: {exc}")
             with self._cond:
                 for seq in seqs:
