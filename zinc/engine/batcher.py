@@ -335,10 +335,12 @@ class Scheduler:
         )
 
     def _next(self, step: _Inflight) -> None:
-        """Enqueue the step after `step` (fed its greedy tokens on the device), then read `step` back
-        while the device runs it; falls back to reading `step` first if a page cannot be had."""
+        """Once `step` has run, enqueue the step after it (fed its greedy tokens on the device),
+        then deliver `step`'s tokens while the device runs that one. Not when a request is waiting
+        (its prompt goes next, behind no other step) or a page cannot be had."""
+        step.step.wait()
         with self._cond:
-            grown = all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
+            grown = not self._waiting and all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
             positions = [len(s.fed) + 1 for s in step.group]  # step's own token is not in `fed` yet
             slots = [s.slots(self.pool, p + 1) for s, p in zip(step.group, positions, strict=True) if grown]
         if not grown:
