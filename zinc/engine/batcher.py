@@ -13,11 +13,11 @@ least recently used session dropped, then the youngest sequence preempted (its p
 resumes later by prefilling its prompt and the tokens it generated). Per-token choice is the
 sequence's `TokenPicker`; events go to the request's `on_event` from the loop thread. While the
 same batch goes on unchanged (every running sequence in it, all greedy, none at its last token),
-each step is chained: the next one is enqueued, fed this one's greedy tokens on the device, before
-this one is read back, so the host's work for a step (reading it, delivering its tokens, building
-and enqueuing the next) runs while the device computes; a row whose sequence ended meanwhile
-was run for nothing and is dropped. Any change (a new prompt, an end, a cancel) reads the step
-in flight back first, then plans again. A
+each step is chained: once it has run, the next one is enqueued (fed its greedy tokens on the
+device) before its tokens are read back and delivered, so that work runs while the device computes;
+a row whose sequence ended meanwhile was run for nothing and is dropped. A waiting request stops
+the chain (its prompt goes next, behind no enqueued step); any change (a new prompt, an end, a
+cancel) reads the step in flight back first, then plans again. A
 cancelled sequence stops and frees its pages at the next step boundary. A model error ends the
 sequences of that step with an "error" event; the loop keeps serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
