@@ -336,11 +336,12 @@ class Scheduler:
 
     def _next(self, step: _Inflight) -> None:
         """Once `step` has run, enqueue the step after it (fed its greedy tokens on the device),
-        then deliver `step`'s tokens while the device runs that one. Not when a request is waiting
-        (its prompt goes next, behind no other step) or a page cannot be had."""
+        then deliver `step`'s tokens while the device runs that one. Not when a waiting request could
+        be admitted (its prompt goes next, behind no other step) or a page cannot be had."""
         step.step.wait()
         with self._cond:
-            grown = not self._waiting and all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
+            admits = bool(self._waiting) and len(self._running) < self.parallel  # a prompt could go in now
+            grown = not admits and all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
             positions = [len(s.fed) + 1 for s in step.group]  # step's own token is not in `fed` yet
             slots = [s.slots(self.pool, p + 1) for s, p in zip(step.group, positions, strict=True) if grown]
         if not grown:
