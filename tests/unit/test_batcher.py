@@ -11,6 +11,7 @@ preemption and a failing step.
 from __future__ import annotations
 
 import threading
+from collections.abc import Container
 from typing import Any
 
 import pytest
@@ -37,13 +38,19 @@ class Run:
     """One submitted request: its tokens and its finish event."""
 
     def __init__(
-        self, scheduler: Scheduler, prompt: list[int], max_tokens: int = 8, session: str | None = None
+        self,
+        scheduler: Scheduler,
+        prompt: list[int],
+        max_tokens: int = 8,
+        session: str | None = None,
+        stop: Container[int] = frozenset({EOS}),
+        picker: Any = None,
     ) -> None:
         self.tokens: list[int] = []
         self.finish: FinishEvent | None = None
         self.first = threading.Event()
         self.done = threading.Event()
-        req = SequenceRequest(prompt, max_tokens, {EOS}, Greedy(), self.on_event, session)
+        req = SequenceRequest(prompt, max_tokens, stop, picker or Greedy(), self.on_event, session)
         self.handle = scheduler.submit(req)
 
     def on_event(self, event: SequenceEvent) -> None:

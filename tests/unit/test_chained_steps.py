@@ -9,13 +9,12 @@ chained calls are recorded as kind "next".
 from __future__ import annotations
 
 import threading
-from collections.abc import Container
 from typing import Any
 
 from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
+from tests.unit.test_batcher import Run
 from zinc.engine.batcher import Scheduler
 from zinc.engine.generate import Sampled
-from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest, TokenEvent
 
 
 class Picker:
@@ -26,35 +25,6 @@ class Picker:
 
     def pick(self, greedy: int, logits: Any) -> Sampled:
         return Sampled(greedy)
-
-
-class Run:
-    def __init__(
-        self,
-        scheduler: Scheduler,
-        ids: list[int],
-        max_tokens: int,
-        stop: Container[int] = frozenset(),
-        read_logits: bool = False,
-    ) -> None:
-        self.tokens: list[int] = []
-        self.finish: FinishEvent | None = None
-        self.first, self.done = threading.Event(), threading.Event()
-        req = SequenceRequest(ids, max_tokens, stop, Picker(read_logits), self.on_event)
-        self.handle = scheduler.submit(req)
-
-    def on_event(self, event: SequenceEvent) -> None:
-        if isinstance(event, TokenEvent):
-            self.tokens.append(event.sampled.token)
-            self.first.set()
-        else:
-            self.finish = event
-            self.done.set()
-
-    def wait(self) -> FinishEvent:
-        assert self.done.wait(WAIT_S), "the request did not finish"
-        assert self.finish is not None
-        return self.finish
 
 
 def started(model: FakeModel, parallel: int = 4) -> Scheduler:
@@ -73,7 +43,7 @@ def test_a_steady_batch_chains_its_steps_and_each_equals_its_solo_output() -> No
     scheduler = started(model)
     try:
         prompts = [prompt(40 + i, 6 + i) for i in range(4)]
-        runs = [Run(scheduler, p, max_tokens=20) for p in prompts]
+        runs = [Run(scheduler, p, max_tokens=20, stop=(), picker=Picker()) for p in prompts]
         for run, p in zip(runs, prompts, strict=True):
             assert run.wait().reason == "length"
             assert run.tokens == solo(p, 20)
@@ -89,14 +59,16 @@ def test_a_sequence_that_stops_mid_chain_gets_no_extra_token() -> None:
     try:
         short, long = prompt(50, 7), prompt(51, 9)
         stop_at = solo(short, 20)[5]  # its sixth token ends it, while a step after it is enqueued
-        ended = Run(scheduler, short, max_tokens=20, stop={stop_at})
-        goes_on = Run(scheduler, long, max_tokens=20)
+        ended = Run(scheduler, short, max_tokens=20, stop={stop_at}, picker=Picker())
+        goes_on = Run(scheduler, long, max_tokens=20, stop=(), picker=Picker())
         assert ended.wait().reason == "stop"
         assert ended.tokens == solo(short, 20)[: solo(short, 20).index(stop_at) + 1]
         assert goes_on.wait().reason == "length" and goes_on.tokens == solo(long, 20)
         assert model.rows("next")
         settled(scheduler)
-        again = Run(scheduler, short, max_tokens=8)  # its cached pages hold only what it kept
+        again = Run(
+            scheduler, short, max_tokens=8, stop=(), picker=Picker()
+        )  # its cached pages hold only what it kept
         assert again.wait().reason == "length" and again.tokens == solo(short, 8)
     finally:
         scheduler.close()
@@ -107,8 +79,8 @@ def test_cancel_while_a_chained_step_runs_frees_the_pages_and_spares_the_others(
     scheduler = started(model)
     try:
         keep, drop = prompt(60, 5), prompt(61, 5)
-        kept = Run(scheduler, keep, max_tokens=30)
-        dropped = Run(scheduler, drop, max_tokens=30)
+        kept = Run(scheduler, keep, max_tokens=30, stop=(), picker=Picker())
+        dropped = Run(scheduler, drop, max_tokens=30, stop=(), picker=Picker())
         assert dropped.first.wait(WAIT_S)
         while not model.rows("next"):  # a chained step has been enqueued
             threading.Event().wait(0.001)
@@ -126,7 +98,7 @@ def test_a_failed_chained_step_ends_its_batch_and_the_loop_goes_on() -> None:
     model = FakeModel(fail_on=solo(bad, 12)[6])  # fed in a chained step
     scheduler = started(model)
     try:
-        failing = Run(scheduler, bad, max_tokens=12)
+        failing = Run(scheduler, bad, max_tokens=12, stop=(), picker=Picker())
         finish = failing.wait()
         assert finish.reason == "error" and finish.error is not None
         assert "device lost" in str(finish.error)
@@ -134,7 +106,7 @@ def test_a_failed_chained_step_ends_its_batch_and_the_loop_goes_on() -> None:
         settled(scheduler)
         model.fail_on = None
         later = prompt(71, 4)
-        after = Run(scheduler, later, max_tokens=10)
+        after = Run(scheduler, later, max_tokens=10, stop=(), picker=Picker())
         assert after.wait().reason == "length" and after.tokens == solo(later, 10)
     finally:
         scheduler.close()
@@ -145,7 +117,10 @@ def test_a_row_that_reads_its_logits_keeps_the_batch_unchained() -> None:
     scheduler = started(model)
     try:
         prompts = [prompt(80 + i, 5) for i in range(3)]
-        runs = [Run(scheduler, p, max_tokens=10, read_logits=i == 1) for i, p in enumerate(prompts)]
+        runs = [
+            Run(scheduler, p, max_tokens=10, stop=(), picker=Picker(read_logits=i == 1))
+            for i, p in enumerate(prompts)
+        ]
         for run, p in zip(runs, prompts, strict=True):
             assert run.wait().reason == "length" and run.tokens == solo(p, 10)
         assert not model.rows("next")
