@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from zinc.cli_models import CliLoader, model_app, pick_model, registry
+from zinc.cli_models import DEFAULT_MAX_QUEUE, CliLoader, model_app, pick_model, registry
 from zinc.compiler.build import compile_model, ensure_artifact, plan
 from zinc.compiler.targets import TARGETS
 from zinc.engine.generate import generate_ids
@@ -154,6 +154,7 @@ class ServeOptions:
     api_key: str | None
     kv_tokens: int | None = None  # KV slab positions (None: `parallel` whole contexts)
     threads: int | None = None  # local-task worker threads (None: the physical cores)
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for a slot; past them, 429 at once
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
@@ -162,6 +163,8 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
 
     if o.parallel < 1:
         fail(f"--parallel must be at least 1, got {o.parallel}")
+    if o.max_queue < 0:
+        fail(f"--max-queue must be at least 0, got {o.max_queue}")
     if o.kv_tokens is not None and o.kv_tokens < o.context:
         fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
     spec = resolve_device(o.device, o.cpu_driver, o.threads)
@@ -172,10 +175,12 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     elif not path.is_file():
         fail(f"model file not found: {path}")
     paths = {model_id: path} if path is not None else {}
-    loader = CliLoader(catalog, spec, o.context, paths, o.parallel, o.kv_tokens)
+    loader = CliLoader(catalog, spec, o.context, paths, o.parallel, o.kv_tokens, o.max_queue)
     manager = EngineManager(loader=loader, registry=catalog)
     api_key = o.api_key or os.environ.get("ZINC_API_KEY")
-    config = ServerConfig(host=o.host, port=o.port, parallel=o.parallel, api_key=api_key)
+    config = ServerConfig(
+        host=o.host, port=o.port, parallel=o.parallel, max_queued_requests=o.max_queue, api_key=api_key
+    )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
     url = f"http://{o.host}:{o.port}"
     where = f"chat UI at {url}/ (API at {url}/v1)" if chat_ui else f"{url}/v1"
@@ -192,6 +197,10 @@ KvTokensOpt = Annotated[
         "--kv-tokens", help="KV cache positions for all requests together (default: parallel x ctx-size)"
     ),
 ]
+MaxQueueOpt = Annotated[
+    int,
+    typer.Option("--max-queue", help="Requests that may wait for a slot; past them, 429 at once"),
+]
 
 
 @app.command("serve")
@@ -206,6 +215,7 @@ def serve_cmd(
         int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")
     ] = 8,
     kv_tokens: KvTokensOpt = None,
+    max_queue: MaxQueueOpt = DEFAULT_MAX_QUEUE,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -215,7 +225,9 @@ def serve_cmd(
 ) -> None:
     """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
     run_server(
-        ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads)
+        ServeOptions(
+            model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue
+        )
     )
 
 
@@ -231,6 +243,7 @@ def chat_cmd(
         int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")
     ] = 8,
     kv_tokens: KvTokensOpt = None,
+    max_queue: MaxQueueOpt = DEFAULT_MAX_QUEUE,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -244,7 +257,9 @@ def chat_cmd(
         timer = threading.Timer(1.0, webbrowser.open, [f"http://{host}:{port}/"])
         timer.daemon = True
         timer.start()
-    options = ServeOptions(model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads)
+    options = ServeOptions(
+        model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue
+    )
     run_server(options, chat_ui=True)
 
 

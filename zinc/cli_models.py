@@ -42,6 +42,7 @@ model_app = typer.Typer(
 DEFAULT_MODEL = "smollm2"
 GIB = 1 << 30
 KV_PAGE_SIZE = 16  # positions per KV cache page
+DEFAULT_MAX_QUEUE = 16  # requests that may wait for a slot (`zinc serve --max-queue`)
 
 
 def kv_slots(parallel: int, context: int, kv_tokens: int | None = None) -> int:
@@ -86,6 +87,7 @@ class CliLoader:
         paths: dict[str, Path],
         parallel: int = 8,
         kv_tokens: int | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
     ) -> None:
         self.catalog = catalog
         self.device = device
@@ -93,6 +95,7 @@ class CliLoader:
         self.paths = dict(paths)
         self.parallel = parallel
         self.kv_tokens = kv_tokens  # KV slab positions; None: `parallel` whole contexts
+        self.max_queue = max_queue  # requests that may wait beyond `parallel`
 
     def can_load(self, model_id: str) -> bool:
         if model_id in self.paths:
@@ -112,7 +115,10 @@ class CliLoader:
         slots = kv_slots(self.parallel, self.context, self.kv_tokens)
         session = ModelSession(artifact, path, self.device, self.context, kv_slots=slots)
         chat = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
-        return LocalEngine(session, tokenizer, chat, model_id, parallel=self.parallel, page_size=KV_PAGE_SIZE)
+        return LocalEngine(
+            session, tokenizer, chat, model_id, max_queue=self.max_queue, parallel=self.parallel,
+            page_size=KV_PAGE_SIZE,
+        )  # fmt: skip
 
 
 def _size(n: int) -> str:

@@ -1,6 +1,7 @@
 """`zinc serve`'s batching settings: how `--parallel` and `--kv-tokens` size the KV slab, that bad
-values are one-line errors before anything loads, and (e2e) that the CLI's loader gives the
-engine exactly that slab in pages."""
+values are one-line errors before anything loads, that `--max-queue` reaches both the HTTP
+admission and the engine's scheduler, and (e2e) that the CLI's loader gives the engine exactly
+that slab in pages."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import pytest
 from tests.conftest import DEVICES
 from tests.e2e.test_cli import assert_one_line_error, zinc
 from zinc.catalog.registry import CatalogRegistry
-from zinc.cli_models import KV_PAGE_SIZE, CliLoader, kv_slots
+from zinc.cli import ServeOptions, run_server
+from zinc.cli_models import DEFAULT_MAX_QUEUE, KV_PAGE_SIZE, CliLoader, kv_slots
+from zinc.server import ServerConfig
 
 
 def test_kv_slots_default_to_parallel_contexts_plus_a_scratch_page() -> None:
@@ -30,6 +33,7 @@ def test_kv_slots_default_to_parallel_contexts_plus_a_scratch_page() -> None:
             "--kv-tokens must hold at least one context (512 positions), got 100",
         ),
         (["--parallel", "0"], "--parallel must be at least 1, got 0"),
+        (["--max-queue", "-1"], "--max-queue must be at least 0, got -1"),
         (["--threads", "0", "--device", "cpu"], "--threads must be between 1 and 1024, got 0"),
     ],
 )
@@ -38,17 +42,46 @@ def test_bad_batching_settings_are_one_line_errors(args: list[str], message: str
     assert_one_line_error(proc, message)
 
 
+def test_max_queue_reaches_the_admission_and_the_loader(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What `zinc serve --max-queue 3 --parallel 2` hands the server (nothing is loaded or served)."""
+    import logging
+
+    import zinc.server
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"")  # only its existence is checked before serving
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(
+        zinc.server, "serve", lambda manager, config, initial_model: seen.update(m=manager, c=config)
+    )
+    monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)
+    run_server(ServeOptions(str(model), "cpu", "local-task", 128, "127.0.0.1", 0, 2, None, max_queue=3))
+    config, manager = seen["c"], seen["m"]
+    assert isinstance(config, ServerConfig) and (config.parallel, config.max_queued_requests) == (2, 3)
+    loader = manager.loader  # type: ignore[attr-defined]
+    assert isinstance(loader, CliLoader) and (loader.parallel, loader.max_queue) == (2, 3)
+    assert (
+        ServeOptions(None, "cpu", "local-task", 128, "127.0.0.1", 0, 2, None).max_queue == DEFAULT_MAX_QUEUE
+    )
+    assert ServerConfig().max_queued_requests == DEFAULT_MAX_QUEUE  # the server's own default agrees
+
+
 @pytest.mark.e2e
 def test_the_cli_loader_gives_the_engine_its_kv_tokens_in_pages(
     tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:
     device = DEVICES["cpu"]()
     registry = CatalogRegistry(tmp_path, profile=device.name, context_length=128, supported={"llama"})
-    loader = CliLoader(registry, device, 128, {"tiny": tiny_models["tiny-q8-q41"]}, parallel=2, kv_tokens=300)
+    loader = CliLoader(
+        registry, device, 128, {"tiny": tiny_models["tiny-q8-q41"]}, parallel=2, kv_tokens=300, max_queue=3
+    )
     engine = loader.load("tiny")
     try:
         stats = engine.stats()
         assert engine.context_length == 128 and engine.scheduler.parallel == 2
+        assert engine.scheduler.max_queue == 3
         assert (stats.kv_page_size, stats.kv_pages_total, stats.kv_pages_free) == (
             16,
             19,
