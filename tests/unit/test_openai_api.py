@@ -400,7 +400,9 @@ async def test_past_parallel_and_queue_is_429_at_once() -> None:
     await asyncio.sleep(0.01)
     health = (await client.call("GET", "/health")).json()
     assert health["active_requests"] == 1 and health["queued_requests"] == 1
-    assert_error(await client.chat(), 429, code="queue_full")
+    refused = await client.chat()
+    assert_error(refused, 429, code="queue_full")
+    assert refused.headers["retry-after"] == "1"  # the openai SDK waits this long before its retry
     for transport in (running, queued):
         while not transport.closed:
             await asyncio.sleep(0.005)

@@ -4,8 +4,9 @@ Owns: the route table (with `/v1`-less aliases), OPTIONS preflight (200 `{}` wit
 headers), the headers every response carries (`Access-Control-Allow-Origin: *`), bearer-token
 authentication compared with `hmac.compare_digest` (401; `/health` and preflights stay public),
 404/405 in the OpenAI envelope, and turning any exception a handler raises before its response
-started into that envelope: a `ZincError` keeps its status and message, anything else is a 500
-with a generic message while the traceback goes to the log. Extra routes and public paths
+started into that envelope: a `ZincError` keeps its status and message (a 429 for a full queue
+with `Retry-After: 1`), anything else is a 500 with a generic message while the traceback goes
+to the log. Extra routes and public paths
 (model management, operator endpoints, the chat UI) are merged in from zinc.server.extra_routes.
 Imports: zinc.errors, zinc.server.{api, error_table, exchange}, the stdlib.
 """
@@ -16,7 +17,7 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
-from zinc.errors import AuthenticationError, ZincError
+from zinc.errors import AuthenticationError, QueueFullError, ZincError
 from zinc.server.api import OpenAIApi
 from zinc.server.error_table import MethodNotAllowedError, NotFoundError
 from zinc.server.exchange import Exchange, HttpRequest
@@ -77,6 +78,8 @@ class Router:
                 headers.append(("allow", ", ".join(exc.allowed)))
             if isinstance(exc, AuthenticationError):
                 headers.append(("www-authenticate", "Bearer"))
+            if isinstance(exc, QueueFullError):  # clients (the openai SDK's retries) wait this long
+                headers.append(("retry-after", "1"))
             await exchange.respond_error(exc, headers)
 
     async def _dispatch(self, request: HttpRequest, exchange: Exchange) -> None:
