@@ -6,8 +6,8 @@ authentication compared with `hmac.compare_digest` (401; `/health` and preflight
 404/405 in the OpenAI envelope, and turning any exception a handler raises before its response
 started into that envelope: a `ZincError` keeps its status and message (a 429 for a full queue
 with `Retry-After: 1`), anything else is a 500 with a generic message while the traceback goes
-to the log. Extra routes and public paths
-(model management, operator endpoints, the chat UI) are merged in from zinc.server.extra_routes.
+to the log. Extra routes and public paths (model management, operator endpoints, the chat UI)
+are merged in from zinc.server.extra_routes.
 Imports: zinc.errors, zinc.server.{api, error_table, exchange}, the stdlib.
 """
 
