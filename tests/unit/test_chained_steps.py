@@ -9,28 +9,26 @@ chained calls are recorded as kind "next".
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
-from tests.unit.test_batcher import Run
+from tests.unit.test_batcher import Greedy, Run
 from zinc.engine.batcher import Scheduler
-from zinc.engine.generate import Sampled
 
 
-class Picker:
-    done = False
-
-    def __init__(self, read_logits: bool = False) -> None:
-        self.read_logits = read_logits
-
-    def pick(self, greedy: int, logits: Any) -> Sampled:
-        return Sampled(greedy)
+class ReadsLogits(Greedy):
+    read_logits = True  # as a sampler, grammar or logprobs would: its row's step is read back
 
 
-def started(model: FakeModel, parallel: int = 4) -> Scheduler:
-    scheduler = Scheduler(model, page_size=16, parallel=parallel, max_queue=4)
+@contextmanager
+def running(model: FakeModel) -> Iterator[Scheduler]:
+    scheduler = Scheduler(model, page_size=16, parallel=4, max_queue=4)
     scheduler.start()
-    return scheduler
+    try:
+        yield scheduler
+    finally:
+        scheduler.close()
 
 
 def settled(scheduler: Scheduler) -> None:
@@ -40,47 +38,38 @@ def settled(scheduler: Scheduler) -> None:
 
 def test_a_steady_batch_chains_its_steps_and_each_equals_its_solo_output() -> None:
     model = FakeModel()
-    scheduler = started(model)
-    try:
+    with running(model) as scheduler:
         prompts = [prompt(40 + i, 6 + i) for i in range(4)]
-        runs = [Run(scheduler, p, max_tokens=20, stop=(), picker=Picker()) for p in prompts]
+        runs = [Run(scheduler, p, max_tokens=20, stop=()) for p in prompts]
         for run, p in zip(runs, prompts, strict=True):
             assert run.wait().reason == "length"
             assert run.tokens == solo(p, 20)
         assert len(model.rows("next")) >= 10, [c.kind for c in model.calls]
         settled(scheduler)
-    finally:
-        scheduler.close()
 
 
 def test_a_sequence_that_stops_mid_chain_gets_no_extra_token() -> None:
     model = FakeModel()
-    scheduler = started(model)
-    try:
+    with running(model) as scheduler:
         short, long = prompt(50, 7), prompt(51, 9)
         stop_at = solo(short, 20)[5]  # its sixth token ends it, while a step after it is enqueued
-        ended = Run(scheduler, short, max_tokens=20, stop={stop_at}, picker=Picker())
-        goes_on = Run(scheduler, long, max_tokens=20, stop=(), picker=Picker())
+        ended = Run(scheduler, short, max_tokens=20, stop={stop_at})
+        goes_on = Run(scheduler, long, max_tokens=20, stop=())
         assert ended.wait().reason == "stop"
         assert ended.tokens == solo(short, 20)[: solo(short, 20).index(stop_at) + 1]
         assert goes_on.wait().reason == "length" and goes_on.tokens == solo(long, 20)
         assert model.rows("next")
         settled(scheduler)
-        again = Run(
-            scheduler, short, max_tokens=8, stop=(), picker=Picker()
-        )  # its cached pages hold only what it kept
+        again = Run(scheduler, short, max_tokens=8, stop=())  # its cached pages hold only what it kept
         assert again.wait().reason == "length" and again.tokens == solo(short, 8)
-    finally:
-        scheduler.close()
 
 
 def test_cancel_while_a_chained_step_runs_frees_the_pages_and_spares_the_others() -> None:
     model = FakeModel(delay=0.002)
-    scheduler = started(model)
-    try:
+    with running(model) as scheduler:
         keep, drop = prompt(60, 5), prompt(61, 5)
-        kept = Run(scheduler, keep, max_tokens=30, stop=(), picker=Picker())
-        dropped = Run(scheduler, drop, max_tokens=30, stop=(), picker=Picker())
+        kept = Run(scheduler, keep, max_tokens=30, stop=())
+        dropped = Run(scheduler, drop, max_tokens=30, stop=())
         assert dropped.first.wait(WAIT_S)
         while not model.rows("next"):  # a chained step has been enqueued
             threading.Event().wait(0.001)
@@ -89,16 +78,13 @@ def test_cancel_while_a_chained_step_runs_frees_the_pages_and_spares_the_others(
         assert dropped.tokens == solo(drop, len(dropped.tokens))
         assert kept.wait().reason == "length" and kept.tokens == solo(keep, 30)
         settled(scheduler)
-    finally:
-        scheduler.close()
 
 
 def test_a_failed_chained_step_ends_its_batch_and_the_loop_goes_on() -> None:
     bad = prompt(70, 6)
     model = FakeModel(fail_on=solo(bad, 12)[6])  # fed in a chained step
-    scheduler = started(model)
-    try:
-        failing = Run(scheduler, bad, max_tokens=12, stop=(), picker=Picker())
+    with running(model) as scheduler:
+        failing = Run(scheduler, bad, max_tokens=12, stop=())
         finish = failing.wait()
         assert finish.reason == "error" and finish.error is not None
         assert "device lost" in str(finish.error)
@@ -106,24 +92,19 @@ def test_a_failed_chained_step_ends_its_batch_and_the_loop_goes_on() -> None:
         settled(scheduler)
         model.fail_on = None
         later = prompt(71, 4)
-        after = Run(scheduler, later, max_tokens=10, stop=(), picker=Picker())
+        after = Run(scheduler, later, max_tokens=10, stop=())
         assert after.wait().reason == "length" and after.tokens == solo(later, 10)
-    finally:
-        scheduler.close()
 
 
 def test_a_row_that_reads_its_logits_keeps_the_batch_unchained() -> None:
     model = FakeModel()
-    scheduler = started(model)
-    try:
+    with running(model) as scheduler:
         prompts = [prompt(80 + i, 5) for i in range(3)]
         runs = [
-            Run(scheduler, p, max_tokens=10, stop=(), picker=Picker(read_logits=i == 1))
+            Run(scheduler, p, max_tokens=10, stop=(), picker=ReadsLogits() if i == 1 else None)
             for i, p in enumerate(prompts)
         ]
         for run, p in zip(runs, prompts, strict=True):
             assert run.wait().reason == "length" and run.tokens == solo(p, 10)
         assert not model.rows("next")
         settled(scheduler)
-    finally:
-        scheduler.close()

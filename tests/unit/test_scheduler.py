@@ -23,7 +23,7 @@ from zinc.errors import ZincError
 
 
 class Greedy:
-    read_logits = True  # no chained steps (test_batcher's chain tests turn them on)
+    read_logits = True  # no chained steps (test_batcher and test_chained_steps have them)
     def __init__(self, done_after: int | None = None) -> None:
         self.picked = 0
         self.done_after = done_after
