@@ -18,6 +18,8 @@ from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
 from zinc.compiler.kernels import t_dims, template
 from zinc.model.hparams import HParams
 
+LANES = 16  # f32 lanes of the partial dot products in decode attention (one 512-bit vector)
+
 
 def slab_type(hp: HParams, dt: str = "f32") -> str:
     return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}x{dt}>"
@@ -136,6 +138,8 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
         return [f"{out}h = vector.load {at}, vector<{hd}x{dt}>",
                 f"{out} = arith.extf {out}h : vector<{hd}x{dt}> to vector<{hd}xf32>"]  # fmt: skip
 
+    chunks = hd // LANES if hd % LANES == 0 else 0  # 16-lane pieces of a head, or 0: whole-head sums
+    qchunks = _chunks("%qs", "%qc", hd, chunks) if chunks else []
     scores, values = [], []
     for j in range(8):
         scores += [
@@ -144,8 +148,10 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
             f"%slot{j}i = memref.load %ctx[%t, %sp{j}] : memref<?x?xi32>",
             f"%slot{j} = arith.index_cast %slot{j}i : i32 to index",
             *load(f"%k{j}", "%c0", j),
-            f"%pk{j} = arith.mulf %qs, %k{j} : vector<{hd}xf32>",
-            f"%d{j} = vector.reduction <add>, %pk{j} fastmath<reassoc> : vector<{hd}xf32> into f32",
+            *(_partial_dot(j, hd, chunks) if chunks else [
+                f"%pk{j} = arith.mulf %qs, %k{j} : vector<{hd}xf32>",
+                f"%d{j} = vector.reduction <add>, %pk{j} fastmath<reassoc> : vector<{hd}xf32> into f32",
+            ]),
         ]
         values += [
             *load(f"%v{j}", "%c1", j),
@@ -153,10 +159,12 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
             f"%pv{j} = vector.broadcast %p{j} : f32 to vector<{hd}xf32>",
             f"%a{j + 1} = math.fma %pv{j}, %v{j}, %a{j} : vector<{hd}xf32>",
         ]
+    scores += _sum_tree() if chunks else ["%sc = vector.from_elements %d0, %d1, %d2, %d3, %d4, %d5, %d6, %d7 : vector<8xf32>"]
     consts = [f"%c{j}x = arith.constant {j} : index" for j in range(8)]
     executable = template("attention_decode.mlir").substitute(
         NAME=name, H=str(heads), G=str(heads // heads_kv), HD=str(hd), HHD=str(hhd), HKV=str(heads_kv),
         L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win), DT=dt,
+        QCHUNKS="\n".join("      " + ln for ln in qchunks),
         SCORES="\n".join("        " + ln for ln in [*consts, *scores]),
         VALUES="\n".join("        " + ln for ln in values),
     )  # fmt: skip
@@ -191,6 +199,57 @@ def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: 
         "}",
     ]
     return executable + "\n".join(lines) + "\n"
+
+
+def _partial_dot(j: int, hd: int, chunks: int) -> list[str]:
+    """Lines for `%d{j}`: q . k_j as LANES partial sums (one per lane, the head's chunks of LANES
+    multiplied and added lane by lane), left for `_sum_tree` to finish."""
+    lines = _chunks(f"%k{j}", f"%kc{j}_", hd, chunks)
+    names = [f"%d{j}_{i}" for i in range(chunks - 1)] + [f"%d{j}"]
+    lines.append(f"{names[0]} = arith.mulf %qc0, %kc{j}_0 : vector<{LANES}xf32>")
+    lines += [f"{names[i]} = math.fma %qc{i}, %kc{j}_{i}, {names[i - 1]} : vector<{LANES}xf32>" for i in range(1, chunks)]
+    return lines
+
+
+def _chunks(value: str, out: str, hd: int, chunks: int) -> list[str]:
+    """Lines splitting `value` (vector<hd x f32>) into `chunks` vectors of LANES: `out`0, `out`1, ..."""
+    rows = f"vector<{chunks}x{LANES}xf32>"
+    return [f"{out}s = vector.shape_cast {value} : vector<{hd}xf32> to {rows}"] + [
+        f"{out}{i} = vector.extract {out}s[{i}] : vector<{LANES}xf32> from {rows}" for i in range(chunks)
+    ]
+
+
+def _sum_tree() -> list[str]:
+    """Lines reducing the 8 positions' partial sums %d0..%d7 (LANES = 16 lanes each) to `%sc`, their 8
+    scores, by halving: each level adds the two halves of every sum's lanes, two sums per vector
+    (3 shuffles and adds per pair instead of a horizontal reduction per position)."""
+    v, lines = f"vector<{LANES}xf32>", []
+    level = [f"%d{j}" for j in range(8)]
+    width = LANES  # lanes per sum in the inputs of this level
+    n = 0
+    while len(level) > 1:
+        half, nxt = width // 2, []
+        for a, b in zip(level[::2], level[1::2], strict=True):
+            per = LANES // width  # sums per input vector
+            lo = [base + off + i for base in (0, LANES) for s in range(per) for off in (s * width,) for i in range(half)]
+            hi = [x + half for x in lo]
+            out = f"%st{n}"
+            lines += [
+                f"{out}l = vector.shuffle {a}, {b} {lo} : {v}, {v}",
+                f"{out}h = vector.shuffle {a}, {b} {hi} : {v}, {v}",
+                f"{out} = arith.addf {out}l, {out}h : {v}",
+            ]
+            nxt.append(out)
+            n += 1
+        level, width = nxt, half
+    # one vector of 8 sums, `width` (2) lanes each, side by side
+    even = list(range(0, LANES, 2))
+    return [
+        *lines,
+        f"%ste = vector.shuffle {level[0]}, {level[0]} {even} : {v}, {v}",
+        f"%sto = vector.shuffle {level[0]}, {level[0]} {[x + 1 for x in even]} : {v}, {v}",
+        "%sc = arith.addf %ste, %sto : vector<8xf32>",
+    ]
 
 
 def argmax_rows(b: Body, logits: str, vocab: int) -> str:

@@ -5,9 +5,12 @@
 // online softmax (running max m, denominator l, weighted sum acc) that starts from the row's own
 // new key and value, which are never masked, so m is always finite. Positions s >= len[t] and
 // those WINDOW or more behind len[t] are masked; blocks past len[t] are not read at all, so a row
-// costs the same alone and in a batch. q is multiplied by SCALE before the dot products.
+// costs the same alone and in a batch. q is multiplied by SCALE before the dot products; each
+// position's dot product is kept as 16 lane sums and the 8 positions' sums are finished together
+// by a tree of shuffles (compiler/paged.py `_sum_tree`).
 // Placeholders: NAME, H, G, HD, HHD, HKV, L, SCALE, WINDOW, DT (the slab's element type: f16 rows
-// are widened to f32 as they are loaded), SCORES (the 8 score lines), VALUES (the 8 value lines).
+// are widened to f32 as they are loaded), QCHUNKS (q in pieces of 16 lanes), SCORES (the 8 score
+// lines, ending with %sc, the 8 scores), VALUES (the 8 value lines).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(%tw: index) -> (index, index, index) {
     %ch = arith.constant ${H} : index
@@ -42,6 +45,7 @@ stream.executable private @${NAME}_ex {
       %scv = vector.broadcast %scale : f32 to vector<${HD}xf32>
       %q0 = vector.load %q[%t, %qoff] : memref<?x${HHD}xf32>, vector<${HD}xf32>
       %qs = arith.mulf %q0, %scv : vector<${HD}xf32>
+${QCHUNKS}
       %knv = vector.load %kn[%t, %g, %c0] : memref<?x${HKV}x${HD}xf32>, vector<${HD}xf32>
       %vnv = vector.load %vn[%t, %g, %c0] : memref<?x${HKV}x${HD}xf32>, vector<${HD}xf32>
       %pn = arith.mulf %qs, %knv : vector<${HD}xf32>
@@ -61,7 +65,6 @@ stream.executable private @${NAME}_ex {
       %res:3 = scf.for %s0 = %c0 to %ub step %c8 iter_args(%m = %snew, %l = %one, %acc = %vnv)
           -> (f32, f32, vector<${HD}xf32>) {
 ${SCORES}
-        %sc = vector.from_elements %d0, %d1, %d2, %d3, %d4, %d5, %d6, %d7 : vector<8xf32>
         %s0i = arith.index_cast %s0 : index to i32
         %s0v = vector.broadcast %s0i : i32 to vector<8xi32>
         %posv = arith.addi %s0v, %iota : vector<8xi32>
