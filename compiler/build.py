@@ -29,7 +29,7 @@ from zinc.artifact import (
 )
 from zinc.compiler import dot8, llama
 from zinc.compiler.emitter import LAYOUTS
-from zinc.compiler.graph import DEFAULT_BATCH_SIZES, decode_entry
+from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
 from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
 from zinc.errors import ArtifactError
@@ -170,7 +170,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
         gguf_file_size=p.gguf.file_size,
         architecture=desc.hparams.architecture,
         hparams=desc.hparams,
-        entry_points=[*llama.ENTRY_POINTS, *(decode_entry(b) for b in p.batch_sizes)],
+        entry_points=entry_points(p.batch_sizes, check_target(p.target) == "cpu"),
         batch_sizes=list(p.batch_sizes),
         vmfb=vmfb_name,
         vmfb_sha256=sha256_bytes(vmfb),

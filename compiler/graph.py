@@ -20,12 +20,21 @@ so every step takes the slots of the cached positions it attends over:
   prefill_kv(cache, ids [T] i32, start index, ctx [S >= start + T] i32)
       -> rows [T,L,2,Hkv,hd]                                      the same rows without the output
                                                                   head, for a prompt's earlier chunks
+  prefill_x{N}(cache, ids [T] i32, pos [T] i32, then per segment i < N:    (the CPU only) N prompts' last
+              off_i, len_i, start_i index, ctx_i [S_i] i32)       chunks packed in one call: segment
+      -> (rows [T,L,2,Hkv,hd], logits [N,V], tokens [N] i32)      i is ids[off_i : off_i + len_i] at
+                                                                  positions start_i.., with its own
+                                                                  ctx as in prefill; logits of each
+                                                                  segment's last position
   decode_b{B}(cache, ids [B] i32, pos [B] i32, ctx [B,S] i32)
       -> (rows [B,L,2,Hkv,hd], logits [B,V], tokens [B] i32)      B sequences, one token each;
                                                                   row b sees ctx[b, :pos[b]]
   kv_write(cache, rows [T,L,2,Hkv,hd], slots [T] i32) -> cache    in place (`iree.abi.output = 0`)
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
+prefill_x{N} has one entry per bucket N > 1: the matmuls and norms run over all T rows at once
+(each row's arithmetic is the same in any tile), and each segment's RoPE, attention and output
+head are those of a lone `prefill` of it, so its K/V rows and logits are bit for bit the same.
 The step functions only read the cache; the caller owns the slab on the device and calls
 kv_write with the step's new K/V rows. K rows are stored after QK-norm and RoPE. The slab and
 the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).
@@ -45,6 +54,21 @@ ENTRY_POINTS = ("prefill", "prefill_kv", "kv_write")  # and decode_entry(B) for 
 
 def decode_entry(batch: int) -> str:
     return f"decode_b{batch}"
+
+
+def packed_entry(segments: int) -> str:
+    return f"prefill_x{segments}"
+
+
+def packed_sizes(batch_sizes: tuple[int, ...], tiled: bool) -> list[int]:
+    """The segment counts of the packed prefill entries: the decode buckets above 1, on the CPU."""
+    return sorted(set(batch_sizes) - {1}) if tiled else []
+
+
+def entry_points(batch_sizes: tuple[int, ...], tiled: bool) -> list[str]:
+    """Every entry point `emit_module` emits for these buckets (the manifest lists them)."""
+    decode = [decode_entry(b) for b in sorted({1, *batch_sizes})]
+    return [*ENTRY_POINTS, *decode, *(packed_entry(n) for n in packed_sizes(batch_sizes, tiled))]
 
 
 def cache_type(desc: ModelDescription, dt: str = "f32") -> str:
@@ -71,6 +95,8 @@ def emit_module(
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
+    for n in packed_sizes(batch_sizes, tiled):  # the CPU: several prompts' last chunks in one call
+        mod.entries.append(_Entry(mod, desc, batch=0, segments=n).text(packed_entry(n)))
     mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer, mod.kv_dtype))
     return mod
 
@@ -79,15 +105,19 @@ class _Entry:
     """One step function being emitted: `prefill` (batch 0: one sequence, T = ?) or a decode
     bucket of `batch` sequences (1: the single-token kernels; more: the dynamic-T kernels on a
     static batch, cast at the boundary so IREE specialises them). `rows_only`: the step returns
-    its K/V rows only; with no head, the compiler also drops the last layer's work after its K/V."""
+    its K/V rows only; with no head, the compiler also drops the last layer's work after its K/V.
+    `segments` (with batch 0): a packed prefill of that many prompts (`prefill_x{N}`)."""
 
-    def __init__(self, mod: ModuleEmitter, desc: ModelDescription, batch: int, rows_only: bool = False) -> None:
+    def __init__(
+        self, mod: ModuleEmitter, desc: ModelDescription, batch: int, rows_only: bool = False, segments: int = 0
+    ) -> None:
         self.mod, self.desc, self.hp = mod, desc, desc.hparams
         self.batch = batch
         self.rows_only = rows_only
+        self.segments = segments
         self.dynamic = batch != 1
         self.b = Body(mod, self.dynamic)
-        self.b.per_row = batch > 0
+        self.b.per_row = batch > 0 or segments > 0
         self.b.rows = batch if batch > 1 else 0
         self.tv = "%T" if self.dynamic else "1"
         self.rows_type = paged.rows_type(self.hp, self.b.t, mod.kv_dtype)
@@ -132,13 +162,18 @@ class _Entry:
             sig = f"func.func @{name}(%cache: {ct}, {args}) -> {self.rows_type} {{"
             return "\n".join([sig, *b.lines, "}"])
         token, logits = self.output(x)
-        n = self.batch or 1  # rows of logits: the last position of a prefill, else one per sequence
-        results = [(new_rows, self.rows_type), (logits, f"tensor<{b.t if self.batch > 1 else 1}x{nv}xf32>"),
-                   (token, f"tensor<{'?' if self.batch > 1 else 1}xi32>")]  # fmt: skip
-        if self.batch > 1:  # back to the bucket's static shapes
+        n = self.segments or self.batch or 1  # rows of logits: one per segment or sequence, or the last position
+        rows = n > 1
+        results = [(logits, f"tensor<{b.t if rows else 1}x{nv}xf32>"), (token, f"tensor<{'?' if rows else 1}xi32>")]
+        if rows:  # back to the bucket's static shapes
             results = [
                 (self._cast(v, ty, ty.replace("<?", f"<{n}")), ty.replace("<?", f"<{n}")) for v, ty in results
             ]
+        if self.batch > 1:
+            results.insert(0, (self._cast(new_rows, self.rows_type, self.rows_type.replace("<?", f"<{n}")),
+                               self.rows_type.replace("<?", f"<{n}")))  # fmt: skip
+        else:
+            results.insert(0, (new_rows, self.rows_type))
         b.emit(f"return {', '.join(v for v, _ in results)} : {', '.join(ty for _, ty in results)}")
         sig = f"func.func @{name}(%cache: {ct}, {args}) -> ({', '.join(ty for _, ty in results)}) {{"
         return "\n".join([sig, *b.lines, "}"])
@@ -146,6 +181,9 @@ class _Entry:
     def _arguments(self) -> str:
         """The entry's arguments after the cache; binds %ids, %ctx and %start or %pos."""
         b = self.b
+        if self.segments:
+            each = (f"%off{i}: index, %len{i}: index, %start{i}: index, %ctx{i}: tensor<?xi32>" for i in range(self.segments))
+            return ", ".join(["%ids: tensor<?xi32>, %pos: tensor<?xi32>", *each])
         if self.batch == 0:
             return "%ids: tensor<?xi32>, %start: index, %ctx: tensor<?xi32>"
         n = self.batch
@@ -223,16 +261,61 @@ class _Entry:
                 b, hp, il, qc, (new_kv[0], new_kv[1]), "%pos", hp.q_scale(), hp.window(il)
             )
             return att, new_rows
+        if self.segments:
+            return self.segment_attention(il, qc, new_kv), new_rows
         k, v = (paged.context_kv(b, hp, "%ctx", il, part, new_kv[part]) for part in (0, 1))  # [S, Hkv, hd]
         att = b.attention_window(qc, (k, v), "%start", nh, nkv, hd, hp.q_scale(), hp.window(il))
         return att, new_rows
+
+    def segment_attention(self, il: int, qc: str, new_kv: list[str]) -> str:
+        """A packed prefill's attention: each segment's, as a lone prefill of it computes it, put
+        back at its rows."""
+        hp, b = self.hp, self.b
+        nh, nkv, hd = hp.head_count, hp.head_count_kv, hp.key_length
+        hhd, rows = f"tensor<?x{nh * hd}xf32>", f"tensor<?x{nkv}x{hd}xf32>"
+        out = b.fresh("attn_all")
+        b.emit(f"{out} = tensor.empty(%T) : {hhd}")
+        for i in range(self.segments):
+            off, n = f"%off{i}", f"%len{i}"
+            q = b.fresh("q_seg")
+            b.emit(f"{q} = tensor.extract_slice {qc}[{off}, 0] [{n}, {nh * hd}] [1, 1] : {hhd} to {hhd}")
+            kv = []
+            for part in (0, 1):
+                new = b.fresh("kv_seg")
+                b.emit(f"{new} = tensor.extract_slice {new_kv[part]}[{off}, 0, 0] [{n}, {nkv}, {hd}] [1, 1, 1] : {rows} to {rows}")
+                kv.append(paged.context_kv(b, hp, f"%ctx{i}", il, part, new, f"%start{i}", n))
+            att = b.attention_window(q, (kv[0], kv[1]), f"%start{i}", nh, nkv, hd, hp.q_scale(), hp.window(il))
+            nxt = b.fresh("attn_all")
+            b.emit(f"{nxt} = tensor.insert_slice {att} into {out}[{off}, 0] [{n}, {nh * hd}] [1, 1] : {hhd} into {hhd}")
+            out = nxt
+        return out
+
+    def last_rows(self, x: str) -> str:
+        """The last row of each segment of a packed prefill, [N, d] (dynamic type)."""
+        b, d = self.b, self.hp.embedding_length
+        act = f"tensor<?x{d}xf32>"
+        out = b.fresh("last_rows")
+        b.emit(f"%nseg = arith.constant {self.segments} : index")
+        b.emit(f"{out} = tensor.empty(%nseg) : {act}")
+        b.emit("%c1 = arith.constant 1 : index")
+        for i in range(self.segments):
+            at, row, nxt = b.fresh("at"), b.fresh("row"), b.fresh("last_rows")
+            b.emit(f"{at}e = arith.addi %off{i}, %len{i} : index")
+            b.emit(f"{at} = arith.subi {at}e, %c1 : index")
+            b.emit(f"{row} = tensor.extract_slice {x}[{at}, 0] [1, {d}] [1, 1] : {act} to tensor<1x{d}xf32>")
+            b.emit(f"{nxt} = tensor.insert_slice {row} into {out}[{i}, 0] [1, {d}] [1, 1] : tensor<1x{d}xf32> into {act}")
+            out = nxt
+        b.rows = self.segments  # the head as a decode batch's: a static tile of N rows
+        return out
 
     def output(self, x: str) -> tuple[str, str]:
         """The greedy token(s) and the logits: of the last position (prefill) or of every row."""
         hp, b = self.hp, self.b
         d, nv = hp.embedding_length, hp.vocab_size
         out_name = "token_embd.weight" if hp.tied_output else "output.weight"
-        if self.batch > 1:
+        if self.segments:
+            x = self.last_rows(x)
+        if self.batch > 1 or self.segments:
             x = b.rmsnorm(
                 x, self.vector("output_norm.weight", d), d, hp.layer_norm_rms_epsilon, "result_norm"
             )

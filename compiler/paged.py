@@ -72,17 +72,20 @@ def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
     return b.call(name, args, f"tensor<?x{nkv}x{hd}xf32>", "kv_old")
 
 
-def context_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int, new: str) -> str:
+def context_kv(
+    b: Body, hp: HParams, ctx: str, layer: int, part: int, new: str, start: str = "%start", t: str = "%T"
+) -> str:
     """Layer `layer`'s K (`part` 0) or V (1) of one sequence by position, [S, Hkv, hd]: the rows
-    before %start gathered from the slab at the slots `ctx` [S], this step's rows `new` [T, Hkv, hd]
-    at %start.. (ctx's entries from %start on point at scratch slot 0 and are overwritten or
-    unseen), so a prefill's attention reads every position in one order however it was cached."""
+    before `start` gathered from the slab at the slots `ctx` [S], this step's `t` rows `new`
+    [t, Hkv, hd] at `start`.. (ctx's entries from `start` on point at scratch slot 0 and are
+    overwritten or unseen), so a prefill's attention reads every position in one order however
+    it was cached."""
     nkv, hd = hp.head_count_kv, hp.key_length
     rows = f"tensor<?x{nkv}x{hd}xf32>"
     out = b.fresh("kv_ctx")
     b.emit(
-        f"{out} = tensor.insert_slice {new} into {gather_kv(b, hp, ctx, layer, part)}[%start, 0, 0] "
-        f"[%T, {nkv}, {hd}] [1, 1, 1] : {rows} into {rows}"
+        f"{out} = tensor.insert_slice {new} into {gather_kv(b, hp, ctx, layer, part)}[{start}, 0, 0] "
+        f"[{t}, {nkv}, {hd}] [1, 1, 1] : {rows} into {rows}"
     )
     return out
 

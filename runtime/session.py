@@ -5,7 +5,8 @@ allocates the KV slab on the device once (`kv_slots` rows, slot-major; slot 0 is
 that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call
 (enqueued without waiting: the device runs a module's calls in order, zinc.runtime.invoke):
 `prefill_slots` (a prompt of one sequence, split into chunks; all but the last run `prefill_kv`,
-which has no output head), `prefill_rows` (a prompt's earlier part, K/V only), `decode_batch` (one token for
+which has no output head), `prefill_rows` (a prompt's earlier part, K/V only), `prefill_packed`
+(the last chunks of several prompts in one call, CPU artifacts), `decode_batch` (one token for
 each of up to max(batch_sizes) sequences, padded to a compiled bucket; it returns once enqueued,
 and reading the step waits for it) and `decode_next` (the step after one of those, fed its greedy
 tokens on the device, so it can be enqueued before that one is read), each given the slots of
@@ -133,6 +134,8 @@ class ModelSession:
         self._prefill = self.module.fn("prefill")
         self._prefill_kv = self.module.fn("prefill_kv")
         self._decode = {b: self.module.fn(f"decode_b{b}") for b in self.batch_sizes}
+        entries = set(self.manifest.entry_points)
+        self._packed = {b: self.module.fn(f"prefill_x{b}") for b in self.batch_sizes if f"prefill_x{b}" in entries}
         self._kv_write = self.module.fn("kv_write")
         self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
         self.kv_dtype = self.manifest.kv_cache.dtype  # f16 on the CPU, f32 on Vulkan
@@ -149,6 +152,16 @@ class ModelSession:
     @property
     def max_batch(self) -> int:
         return self.batch_sizes[-1]
+
+    @property
+    def max_packed(self) -> int:
+        """The most prompts one `prefill_packed` call takes (0: the artifact has no packed entry)."""
+        return max(self._packed, default=0)
+
+    @property
+    def packed_tokens(self) -> int:
+        """The most tokens one `prefill_packed` call takes, all its prompts together."""
+        return PREFILL_CHUNK[self.manifest.target]
 
     def kv_cache_bytes(self) -> int:
         return self.kv_slots * int(np.prod(self.row_shape)) * ELEMENT_TYPES[self.kv_dtype][0].itemsize
@@ -198,6 +211,40 @@ class ModelSession:
         out = (self._prefill_kv(*args),) if rows_only else self._prefill(*args)
         self._kv_write.submit(self.cache, out[0], self.module.to_device(where[at : at + chunk.size]))
         return out
+
+    def prefill_packed(self, jobs: Sequence[tuple[Sequence[int], int, Slots | Sequence[int]]]) -> BatchStepResult:
+        """The last chunks of 2 to `max_packed` prompts in one call, `packed_tokens` at most in all:
+        job i is (ids, start, slots) as for `prefill_slots`, and row i of the result its next
+        token. Each row's K/V and logits are bit for bit those of `prefill_slots` on its own."""
+        n = len(jobs)
+        if not 2 <= n <= self.max_packed:
+            raise InvalidRequestError(f"a packed prefill holds 2 to {self.max_packed} prompts")
+        bucket = next(b for b in sorted(self._packed) if b >= n)
+        to_dev = self.module.to_device
+        ids: list[Slots] = []  # each prompt's ids, positions and slots written: int32 arrays
+        pos: list[Slots] = []
+        write: list[Slots] = []
+        args: list[Any] = []  # per prompt: offset, length, start, ctx
+        for chunk, start, slots in jobs:
+            arr = self._check(chunk, start)
+            where = self._slots(slots, start + arr.size)
+            ctx = np.zeros(-(-(start + arr.size) // CTX_ALIGN) * CTX_ALIGN, np.int32)
+            ctx[:start] = where[:start]  # as `_chunk` builds it: the rest points at scratch slot 0
+            args += [sum(a.size for a in ids), arr.size, start, to_dev(ctx)]
+            ids.append(arr)
+            pos.append(np.arange(start, start + arr.size, dtype=np.int32))
+            write.append(where[start:])
+        if sum(a.size for a in ids) > self.packed_tokens:
+            raise InvalidRequestError(f"a packed prefill holds at most {self.packed_tokens} tokens")
+        for _ in range(bucket - n):  # padding: one token at position 0, its rows written to scratch slot 0
+            args += [sum(a.size for a in ids), 1, 0, to_dev(np.zeros(CTX_ALIGN, np.int32))]
+            ids.append(np.zeros(1, np.int32))
+            pos.append(np.zeros(1, np.int32))
+            write.append(np.zeros(1, np.int32))
+        call = self._packed[bucket]
+        (rows, logits, toks), wait = call.start(self.cache, to_dev(np.concatenate(ids)), to_dev(np.concatenate(pos)), *args)
+        self._kv_write.submit(self.cache, rows, to_dev(np.concatenate(write)))
+        return BatchStepResult(self, toks, logits, wait, bucket)
 
     def decode_batch(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]

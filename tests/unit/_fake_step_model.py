@@ -43,7 +43,7 @@ def prompt(seed: int, n: int) -> list[int]:
 
 @dataclass
 class Call:
-    kind: str  # "prefill", "rows" (a prompt's earlier chunk, no token) or "decode"
+    kind: str  # "prefill", "rows" (a prompt's earlier chunk, no token), "packed" (several prompts) or "decode"
     tokens: list[int]
     positions: list[int]  # prefill: the chunk's positions; decode: one per row
     written: list[int]  # the slot of each new row
@@ -78,6 +78,8 @@ class FakeModel:
     context_length: int = 64
     kv_slots: int = PAGE * 24
     max_batch: int = 4
+    max_packed: int = 0  # prompts per `prefill_packed` call (0: the model packs none)
+    packed_tokens: int = 32
     fail_prefill: Callable[[list[int]], bool] = lambda ids: False
     fail_on: int | None = None  # a decode input token that raises
     delay: float = 0.0  # seconds per call
@@ -110,8 +112,22 @@ class FakeModel:
     def prefill_rows(self, ids: Sequence[int], start: int, slots: Any) -> None:
         self._prefill("rows", ids, start, slots)
 
-    def _prefill(self, kind: str, ids: Sequence[int], start: int, slots: Any) -> list[int]:
-        self._gate()
+    def prefill_packed(self, jobs: Sequence[tuple[Sequence[int], int, Any]]) -> Rows:
+        """Several prompts' last chunks in one call, recorded as one "packed" call of all their tokens."""
+        assert 2 <= len(jobs) <= self.max_packed, f"{len(jobs)} prompts in a packed call"
+        assert sum(len(ids) for ids, _, _ in jobs) <= self.packed_tokens
+        tokens = [next_token(self._prefill("packed", *job, gate=i == 0)) for i, job in enumerate(jobs)]
+        merged = Call("packed", [], [], [])
+        for call in self.calls[-len(jobs) :]:
+            merged.tokens += call.tokens
+            merged.positions += call.positions
+            merged.written += call.written
+        self.calls[-len(jobs) :] = [merged]
+        return Rows(tokens)
+
+    def _prefill(self, kind: str, ids: Sequence[int], start: int, slots: Any, gate: bool = True) -> list[int]:
+        if gate:
+            self._gate()
         assert len(slots) == start + len(ids) <= self.context_length
         history = self._read(slots, start)
         written = [int(s) for s in slots[start:]]

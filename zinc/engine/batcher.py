@@ -7,7 +7,8 @@ their prompts, oldest first, at most `prefill_chunk` tokens in all, then one bat
 every sequence that is generating, so a new request never waits for others to finish, running
 streams never stall for a whole long prompt, and requests that arrive together start decoding
 together (one batch from their first token on). A chunk that does not end its prompt stores
-its K/V rows only (`prefill_rows`: no output head). Prompts first take the pages of their longest cached prefix (`PagePool.lookup`);
+its K/V rows only (`prefill_rows`: no output head); the last chunks of several prompts in one
+iteration go to the device in one call where the model packs them (`prefill_packed`). Prompts first take the pages of their longest cached prefix (`PagePool.lookup`);
 pages grow on demand; when none is free the least recently used cached page is evicted, then the
 least recently used session dropped, then the youngest sequence preempted (its pages freed, it
 resumes later by prefilling its prompt and the tokens it generated). Per-token choice is the
@@ -189,8 +190,7 @@ class Scheduler:
                 step = self._inflight
                 self._guard(step.group, self._next if chain else self._complete, step)
                 continue  # plan again: that step's tokens changed what runs next
-            for seq, n in prefills:
-                self._guard([seq], self._prefill, (seq, n))
+            self._prefills(prefills)
             for at in range(0, len(decode), self.model.max_batch):
                 group = decode[at : at + self.model.max_batch]
                 self._guard(group, self._decode, group)
@@ -277,6 +277,40 @@ class Scheduler:
                 plan.append((seq, n))
                 budget -= n
         return plan
+
+    def _prefills(self, plan: list[tuple[_Sequence, int]]) -> None:
+        """Run this iteration's prefill chunks: the prompts' last chunks packed into calls of up to
+        `max_packed` prompts and `packed_tokens` tokens where the model packs them (one call
+        instead of one per prompt, the same rows and tokens), the others one by one."""
+        size, tokens = self.model.max_packed, self.model.packed_tokens
+        groups: list[list[tuple[_Sequence, int]]] = []  # in the plan's order, oldest first
+        for seq, n in plan:
+            group = groups[-1] if groups else []
+            last = n == len(seq.pending)  # an earlier chunk of a prompt (its rows only) stands alone
+            if last and 0 < len(group) < size and group[-1][1] == len(group[-1][0].pending) and (
+                sum(m for _, m in group) + n <= tokens
+            ):
+                group.append((seq, n))
+            else:
+                groups.append([(seq, n)])
+        for group in groups:
+            if len(group) == 1:
+                self._guard([group[0][0]], self._prefill, group[0])
+            else:
+                self._guard([seq for seq, _ in group], self._prefill_packed, group)
+
+    def _prefill_packed(self, group: list[tuple[_Sequence, int]]) -> None:
+        """The last chunks of several prompts in one call, then each one's first token."""
+        group = [(seq, n) for seq, n in group if not seq.finished]
+        if len(group) < 2:
+            for job in group:
+                self._prefill(job)
+            return
+        jobs = [(seq.pending[:n], len(seq.fed), seq.slots(self.pool, len(seq.fed) + n)) for seq, n in group]
+        step = self.model.prefill_packed(jobs)
+        for i, (seq, n) in enumerate(group):
+            self._fed(seq, n)
+            self._guard([seq], self._pick, (seq, step, i))
 
     def _prefill(self, job: tuple[_Sequence, int]) -> None:
         seq, n = job

@@ -46,6 +46,18 @@ class StepModel(Protocol):
 
     def prefill_rows(self, ids: Sequence[int], start: int, slots: Slots) -> None: ...
 
+    @property
+    def max_packed(self) -> int:
+        """The most prompts `prefill_packed` takes in one call (0: it takes none)."""
+        ...
+
+    @property
+    def packed_tokens(self) -> int: ...
+
+    def prefill_packed(self, jobs: Sequence[tuple[Sequence[int], int, Slots]]) -> BatchStep:
+        """The last chunks of several prompts, (ids, start, slots) each, in one call; row i is job i's."""
+        ...
+
     def decode_batch(
         self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Slots]
     ) -> BatchStep: ...

@@ -1,0 +1,74 @@
+"""The scheduler packs the last chunks of prompts that arrive together into one `prefill_packed`
+call (zinc.engine.batcher.Scheduler._prefills), against the fake StepModel
+(tests/unit/_fake_step_model.py), which checks every slot it reads and records every call.
+
+Packed calls keep the plan's order, hold at most `max_packed` prompts and `packed_tokens` tokens,
+never take a chunk that does not end its prompt, and give each request the tokens it gets alone;
+a packed call that fails ends its own requests only.
+"""
+
+from __future__ import annotations
+
+from tests.unit._fake_step_model import PAGE, FakeModel, prompt
+from tests.unit.test_scheduler import Run, make
+
+
+def kinds(model: FakeModel) -> list[tuple[str, int]]:
+    return [(c.kind, len(c.tokens)) for c in model.calls]
+
+
+def test_prompts_that_arrive_together_are_prefilled_in_one_call() -> None:
+    model = FakeModel(kv_slots=PAGE * 40, max_packed=4, packed_tokens=16)
+    scheduler = make(model, prefill_chunk=16)
+    runs = [Run(scheduler, prompt(60 + i, 6), max_tokens=5) for i in range(4)]
+    scheduler.start()
+    try:
+        assert all(run.wait().reason == "length" and run.exact() for run in runs)
+        # 16 tokens per iteration: two prompts whole (one call) and 4 tokens of the third, whose
+        # last 2 come next with the fourth (one call), then the first two decode while the others'
+        # first tokens are picked
+        assert kinds(model)[:5] == [("packed", 12), ("rows", 4), ("packed", 8), ("decode", 2), ("decode", 4)]
+    finally:
+        scheduler.close()
+
+
+def test_a_packed_call_holds_max_packed_prompts_and_packed_tokens() -> None:
+    model = FakeModel(kv_slots=PAGE * 40, max_packed=4, packed_tokens=16, max_batch=8)
+    scheduler = make(model, prefill_chunk=64)
+    lengths = [3, 3, 3, 3, 3, 6, 8, 4]  # 4 prompts (the most), then 3 + 6 (8 more would pass 16), 8 + 4
+    runs = [Run(scheduler, prompt(70 + i, n), max_tokens=4) for i, n in enumerate(lengths)]
+    scheduler.start()
+    try:
+        assert all(run.wait().reason == "length" and run.exact() for run in runs)
+        assert kinds(model)[:4] == [("packed", 12), ("packed", 9), ("packed", 12), ("decode", 8)]
+    finally:
+        scheduler.close()
+
+
+def test_a_lone_prompt_and_a_model_that_packs_none_use_prefill_slots() -> None:
+    for packs in (0, 4):
+        model = FakeModel(kv_slots=PAGE * 40, max_packed=packs)
+        scheduler = make(model, prefill_chunk=64)
+        runs = [Run(scheduler, prompt(80 + i, 5), max_tokens=3) for i in range(2 if packs == 0 else 1)]
+        scheduler.start()
+        try:
+            assert all(run.wait().reason == "length" and run.exact() for run in runs)
+            assert [k for k, _ in kinds(model)].count("packed") == 0
+            assert kinds(model)[: len(runs)] == [("prefill", 5)] * len(runs)
+        finally:
+            scheduler.close()
+
+
+def test_a_failed_packed_call_ends_its_requests_and_the_loop_goes_on() -> None:
+    bad = prompt(91, 5)
+    model = FakeModel(kv_slots=PAGE * 40, max_packed=4, fail_prefill=lambda ids: ids == bad)
+    scheduler = make(model, prefill_chunk=64)
+    runs = [Run(scheduler, p, max_tokens=4) for p in (prompt(90, 5), bad)]
+    scheduler.start()
+    try:
+        assert [run.wait().reason for run in runs] == ["error", "error"]
+        later = [Run(scheduler, prompt(92 + i, 5), max_tokens=4) for i in range(2)]
+        assert all(run.wait().reason == "length" and run.exact() for run in later)
+        assert scheduler.stats().pages.in_use == 0
+    finally:
+        scheduler.close()
