@@ -49,9 +49,10 @@ PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk). Each one
 # quantizes its activation rows again, so more of them cost more for more rows: one token reads
 # the weights and gains from the balance of 16; a batch of 4 or 8 and a prompt chunk gain from
-# fewer (2 cores: SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4; 512-token prefill 290 -> 230 ms
-# with 2). A batch gets at least one workgroup per CPU (`_workgroups`).
-DECODE_WORKGROUPS, BATCH_WORKGROUPS, PREFILL_WORKGROUPS = 16, 4, 2
+# fewer (2 cores: SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4, and with 2 rows at 48 positions
+# 4 rows 3.1 -> 2.83 ms, 8 rows 4.5 -> 3.81 ms, 4 streams in the server 1,020 -> 1,068 tok/s;
+# 512-token prefill 290 -> 230 ms with 2). A batch gets at least one workgroup per CPU (`_workgroups`).
+DECODE_WORKGROUPS, BATCH_WORKGROUPS, PREFILL_WORKGROUPS = 16, 2, 2
 # Software prefetch of the quants this many blocks ahead (2 KB for the 4-bit types): with the
 # hardware prefetcher alone the kernels still wait on their reads. SmolLM2 decode step through
 # ModelSession, 1 / 4 / 8 rows: 3.02 / 3.45 / 4.71 -> 2.60 / 3.30 / 4.36 ms; 8 blocks ahead
