@@ -32,9 +32,11 @@ so every step takes the slots of the cached positions it attends over:
   kv_write(cache, rows [T,L,2,Hkv,hd], slots [T] i32) -> cache    in place (`iree.abi.output = 0`)
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
-prefill_x{N} has one entry per bucket N > 1: the matmuls and norms run over all T rows at once
-(each row's arithmetic is the same in any tile), and each segment's RoPE, attention and output
-head are those of a lone `prefill` of it, so its K/V rows and logits are bit for bit the same.
+prefill_x{N} has one entry per bucket N > 1: the matmuls, norms and RoPE run over all T rows at
+once (each row's arithmetic is the same in any tile, RoPE at each row's position), each segment's
+attention is a lone `prefill`'s (its own ctx and start), and the head runs on each segment's last
+row as a decode batch's does, so its K/V rows and logits are bit for bit a lone prefill's
+(tests/model/test_packed_prefill.py).
 The step functions only read the cache; the caller owns the slab on the device and calls
 kv_write with the step's new K/V rows. K rows are stored after QK-norm and RoPE. The slab and
 the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).

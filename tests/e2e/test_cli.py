@@ -55,7 +55,9 @@ def test_compile_writes_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -
     assert proc.stdout.strip() == str(out)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["target"] == "cpu" and manifest["architecture"] == "llama"
-    assert manifest["entry_points"] == ["prefill", "prefill_kv", "kv_write", "decode_b1", "decode_b2", "decode_b4"]
+    assert manifest["entry_points"] == [
+        "prefill", "prefill_kv", "kv_write", "decode_b1", "decode_b2", "decode_b4", "prefill_x2", "prefill_x4"
+    ]  # fmt: skip
     assert manifest["batch_sizes"] == [1, 2, 4]
     assert manifest["kv_cache"]["dtype"] == "f16"  # the CPU's slab
     vmfb = out / manifest["vmfb"]
