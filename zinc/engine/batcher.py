@@ -1,24 +1,24 @@
 """Continuous batching: one loop that steps every running sequence together.
 
-Owns: `Scheduler` — admission (at most `parallel` running sequences and `max_queue` waiting;
-past that `QueueFullError` at once), the step loop on its own thread (every device call runs on
-it), and each sequence's pages. One iteration runs prefill chunks of the sequences still reading
-their prompts, oldest first, at most `prefill_chunk` tokens in all, then one batched decode of
-every sequence that is generating, so a new request never waits for others to finish, running
-streams never stall for a whole long prompt, and requests that arrive together start decoding
-together (one batch from their first token on). A chunk that does not end its prompt stores
-its K/V rows only (`prefill_rows`: no output head); the last chunks of several prompts in one
-iteration go to the device in one call where the model packs them (`prefill_packed`). Prompts first take the pages of their longest cached prefix (`PagePool.lookup`);
-pages grow on demand; when none is free the least recently used cached page is evicted, then the
-least recently used session dropped, then the youngest sequence preempted (its pages freed, it
-resumes later by prefilling its prompt and the tokens it generated). Per-token choice is the
-sequence's `TokenPicker`; events go to the request's `on_event` from the loop thread. While the
-same batch goes on unchanged (every running sequence in it, all greedy, none at its last token),
-each step is chained: once it has run, the next one is enqueued (fed its greedy tokens on the
-device) before its tokens are read back and delivered, so that work runs while the device computes;
-a row whose sequence ended meanwhile was run for nothing and is dropped. A waiting request stops
-the chain (its prompt goes next, behind no enqueued step); any change (a new prompt, an end, a
-cancel) reads the step in flight back first, then plans again. A
+Owns: `Scheduler` — admission (at most `parallel` running sequences and `max_queue` waiting; past
+that `QueueFullError` at once), the step loop on its own thread (every device call runs on it), and
+each sequence's pages. One iteration runs prefill chunks of the sequences still reading their
+prompts, oldest first, at most `prefill_chunk` tokens in all, then one batched decode of every
+sequence that is generating, so a new request never waits for others to finish, running streams
+never stall for a whole long prompt, and requests that arrive together start decoding together (one
+batch from their first token on). A chunk that does not end its prompt stores its K/V rows only
+(`prefill_rows`: no output head); the last chunks of several prompts in one iteration go to the
+device in one call where the model packs them (`prefill_packed`). Prompts first take the pages of
+their longest cached prefix (`PagePool.lookup`); pages grow on demand; when none is free the least
+recently used cached page is evicted, then the least recently used session dropped, then the
+youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and the
+tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the request's
+`on_event` from the loop thread. While the same batch goes on unchanged (every running sequence in
+it, all greedy, none at its last token), each step is chained: once it has run, the next one is
+enqueued (fed its greedy tokens on the device) before its tokens are read back and delivered, so
+that work runs while the device computes; a row whose sequence ended meanwhile was run for nothing
+and is dropped. A waiting request stops the chain (its prompt goes next, behind no enqueued step);
+any change (a new prompt, an end, a cancel) reads the step in flight back first, then plans again. A
 cancelled sequence stops and frees its pages at the next step boundary. A model error ends the
 sequences of that step with an "error" event; the loop keeps serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
