@@ -234,7 +234,7 @@ def _sum_tree() -> list[str]:
         half, nxt = width // 2, []
         for a, b in zip(level[::2], level[1::2], strict=True):
             per = LANES // width  # sums per input vector
-            lo = [base + off + i for base in (0, LANES) for s in range(per) for off in (s * width,) for i in range(half)]
+            lo = [base + s * width + i for base in (0, LANES) for s in range(per) for i in range(half)]
             hi = [x + half for x in lo]
             out = f"%st{n}"
             lines += [
