@@ -165,17 +165,13 @@ class _Entry:
             return "\n".join([sig, *b.lines, "}"])
         token, logits = self.output(x)
         n = self.segments or self.batch or 1  # rows of logits: one per segment or sequence, or the last position
-        rows = n > 1
-        results = [(logits, f"tensor<{b.t if rows else 1}x{nv}xf32>"), (token, f"tensor<{'?' if rows else 1}xi32>")]
-        if rows:  # back to the bucket's static shapes
-            results = [
-                (self._cast(v, ty, ty.replace("<?", f"<{n}")), ty.replace("<?", f"<{n}")) for v, ty in results
+        results = [(new_rows, self.rows_type), (logits, f"tensor<{b.t if n > 1 else 1}x{nv}xf32>"),
+                   (token, f"tensor<{'?' if n > 1 else 1}xi32>")]  # fmt: skip
+        if n > 1:  # back to the bucket's static shapes (a packed prefill's rows stay one per token)
+            first = 0 if self.batch > 1 else 1
+            results[first:] = [
+                (self._cast(v, ty, ty.replace("<?", f"<{n}")), ty.replace("<?", f"<{n}")) for v, ty in results[first:]
             ]
-        if self.batch > 1:
-            results.insert(0, (self._cast(new_rows, self.rows_type, self.rows_type.replace("<?", f"<{n}")),
-                               self.rows_type.replace("<?", f"<{n}")))  # fmt: skip
-        else:
-            results.insert(0, (new_rows, self.rows_type))
         b.emit(f"return {', '.join(v for v, _ in results)} : {', '.join(ty for _, ty in results)}")
         sig = f"func.func @{name}(%cache: {ct}, {args}) -> ({', '.join(ty for _, ty in results)}) {{"
         return "\n".join([sig, *b.lines, "}"])

@@ -43,6 +43,14 @@ SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 
 
+def _prefill_ctx(where: np.ndarray[Any, np.dtype[np.int32]], at: int, n: int) -> np.ndarray[Any, np.dtype[np.int32]]:
+    """A prefill's ctx for `n` tokens at positions at..: the slots of the positions before `at`, then
+    scratch slot 0 (this call's own rows go there, then padding), CTX_ALIGN-padded."""
+    ctx = np.zeros(-(-(at + n) // CTX_ALIGN) * CTX_ALIGN, np.int32)
+    ctx[:at] = where[:at]
+    return ctx
+
+
 def _finished() -> None:
     """The wait of a step whose call was already waited for."""
 
@@ -205,9 +213,7 @@ class ModelSession:
 
     def _chunk(self, chunk: np.ndarray[Any, np.dtype[np.int32]], at: int, where: Slots, rows_only: bool) -> Any:
         """One prefill call at positions at.. and its kv_write; the call's results."""
-        ctx = np.zeros(-(-(at + chunk.size) // CTX_ALIGN) * CTX_ALIGN, np.int32)
-        ctx[:at] = where[:at]  # the rest points at scratch slot 0: this chunk's rows go there, then padding
-        args = (self.cache, self.module.to_device(chunk), at, self.module.to_device(ctx))
+        args = (self.cache, self.module.to_device(chunk), at, self.module.to_device(_prefill_ctx(where, at, chunk.size)))
         out = (self._prefill_kv(*args),) if rows_only else self._prefill(*args)
         self._kv_write.submit(self.cache, out[0], self.module.to_device(where[at : at + chunk.size]))
         return out
@@ -225,19 +231,19 @@ class ModelSession:
         pos: list[Slots] = []
         write: list[Slots] = []
         args: list[Any] = []  # per prompt: offset, length, start, ctx
+        off = 0
         for chunk, start, slots in jobs:
             arr = self._check(chunk, start)
             where = self._slots(slots, start + arr.size)
-            ctx = np.zeros(-(-(start + arr.size) // CTX_ALIGN) * CTX_ALIGN, np.int32)
-            ctx[:start] = where[:start]  # as `_chunk` builds it: the rest points at scratch slot 0
-            args += [sum(a.size for a in ids), arr.size, start, to_dev(ctx)]
+            args += [off, arr.size, start, to_dev(_prefill_ctx(where, start, arr.size))]
+            off += arr.size
             ids.append(arr)
             pos.append(np.arange(start, start + arr.size, dtype=np.int32))
             write.append(where[start:])
-        if sum(a.size for a in ids) > self.packed_tokens:
+        if off > self.packed_tokens:
             raise InvalidRequestError(f"a packed prefill holds at most {self.packed_tokens} tokens")
-        for _ in range(bucket - n):  # padding: one token at position 0, its rows written to scratch slot 0
-            args += [sum(a.size for a in ids), 1, 0, to_dev(np.zeros(CTX_ALIGN, np.int32))]
+        for i in range(bucket - n):  # padding: one token at position 0, its rows written to scratch slot 0
+            args += [off + i, 1, 0, to_dev(np.zeros(CTX_ALIGN, np.int32))]
             ids.append(np.zeros(1, np.int32))
             pos.append(np.zeros(1, np.int32))
             write.append(np.zeros(1, np.int32))
