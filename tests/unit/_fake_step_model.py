@@ -5,7 +5,8 @@ earlier position of the sequence is its own (a slot another sequence overwrote, 
 or a lost row fails the call); the greedy token is a hash of that history, so tokens equal `solo`
 only when every position was read back right. Every call is recorded (kind, rows, positions, slots
 written); a call can be held (`hold_at`) so a test sees the loop between two steps, slowed
-(`delay`) or made to fail (`fail_prefill`, `fail_on`).
+(`delay`) or made to fail (`fail_prefill`, `fail_on`); `ahead` counts the decode steps made and
+not yet read back.
 """
 
 from __future__ import annotations
@@ -62,9 +63,12 @@ class Row:
 @dataclass
 class Rows:
     tokens: list[int]
+    model: FakeModel | None = None  # told when the step is read back (`FakeModel.ahead`)
 
     def wait(self) -> None:
-        pass
+        if self.model is not None:
+            self.model.ahead -= 1
+            self.model = None
 
     def token(self, i: int) -> int:
         return self.tokens[i]
@@ -88,6 +92,8 @@ class FakeModel:
     hold_at: int | None = None  # the call with this index waits (inside set) until `go` is set
     inside: threading.Event = field(default_factory=threading.Event)
     go: threading.Event = field(default_factory=threading.Event)
+    ahead: int = 0  # decode steps made and not yet read back (waited for)
+    most_ahead: int = 0
 
     def _gate(self) -> None:
         time.sleep(self.delay)
@@ -153,7 +159,9 @@ class FakeModel:
             histories.append([*self._read(own, pos), token])
         for history, slot in zip(histories, written, strict=True):
             self.slab[slot] = tuple(history)
-        return Rows([next_token(h) for h in histories])
+        self.ahead += 1
+        self.most_ahead = max(self.most_ahead, self.ahead)
+        return Rows([next_token(h) for h in histories], self)
 
     def decode_next(self, prev: Rows, positions: Sequence[int], slots: Sequence[Any]) -> Rows:
         """The chained step: `prev`'s rows fed their greedy tokens (recorded as kind "next")."""

@@ -1,5 +1,6 @@
-"""Chained decode steps: the scheduler enqueues a batch's next step, fed its greedy tokens on the
-device, before it reads the current one back (zinc.engine.batcher, `Scheduler._next`).
+"""Chained decode steps: the scheduler keeps `CHAIN_DEPTH` steps of a steady batch on the device,
+each fed the greedy tokens of the one before it there, and reads back the oldest while the others
+run (zinc.engine.batcher, `Scheduler._next`).
 
 The fake model (tests/unit/_fake_step_model.py) checks every position a step reads, so a chained
 row that wrote into the wrong slot, or a freed page written after its reuse, fails the call; its
@@ -14,7 +15,7 @@ from contextlib import contextmanager
 
 from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
 from tests.unit.test_batcher import Greedy, Run
-from zinc.engine.batcher import Scheduler
+from zinc.engine.batcher import CHAIN_DEPTH, Scheduler
 
 
 class ReadsLogits(Greedy):
@@ -45,6 +46,31 @@ def test_a_steady_batch_chains_its_steps_and_each_equals_its_solo_output() -> No
             assert run.wait().reason == "length"
             assert run.tokens == solo(p, 20)
         assert len(model.rows("next")) >= 10, [c.kind for c in model.calls]
+        settled(scheduler)
+
+
+def test_a_steady_batch_keeps_chain_depth_steps_ahead_and_none_past_max_tokens() -> None:
+    model = FakeModel()
+    with running(model) as scheduler:
+        prompts = [prompt(90 + i, 8) for i in range(3)]
+        runs = [Run(scheduler, p, max_tokens=16, stop=()) for p in prompts]
+        for run, p in zip(runs, prompts, strict=True):
+            assert run.wait().reason == "length" and run.tokens == solo(p, 16)
+        assert model.most_ahead == CHAIN_DEPTH == 2  # the step after the next is enqueued before a read
+        # token 16 is sampled from the step that fed token 15 at position 8 + 14: none goes further
+        assert max(p for c in model.calls if c.kind in ("decode", "next") for p in c.positions) == 8 + 14
+        settled(scheduler)
+
+
+def test_a_chain_stops_at_the_end_of_the_context() -> None:
+    model = FakeModel()  # context_length 64: a step past it fails the fake's call
+    with running(model) as scheduler:
+        prompts = [prompt(95 + i, 50) for i in range(2)]
+        runs = [Run(scheduler, p, max_tokens=40, stop=()) for p in prompts]
+        for run, p in zip(runs, prompts, strict=True):
+            assert run.wait().reason == "length"
+            assert run.tokens == solo(p, 64 - 50 + 1)  # the last token is sampled at position 63
+        assert model.rows("next")
         settled(scheduler)
 
 

@@ -14,13 +14,14 @@ recently used cached page is evicted, then the least recently used session dropp
 youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and the
 tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the request's
 `on_event` from the loop thread. While the same batch goes on unchanged (every running sequence in
-it, all greedy, none at its last token), each step is chained: once it has run, the next one is
-enqueued (fed its greedy tokens on the device) before its tokens are read back and delivered, so
-that work runs while the device computes; a row whose sequence ended meanwhile was run for nothing
-and is dropped. A waiting request stops the chain (its prompt goes next, behind no enqueued step);
-any change (a new prompt, an end, a cancel) reads the step in flight back first, then plans again. A
-cancelled sequence stops and frees its pages at the next step boundary. A model error ends the
-sequences of that step with an "error" event; the loop keeps serving.
+it, all greedy, none within `CHAIN_DEPTH` tokens of its end), its steps are chained: two stay
+enqueued, each fed the greedy tokens of the one before it on the device, and the host reads back
+and delivers the older while the newer runs, then enqueues the next, so the device goes from step
+to step without waiting for the host; a row whose sequence ended meanwhile was run for nothing
+and is dropped. A waiting request stops the chain (its prompt goes next, behind the steps already
+enqueued); any change (a new prompt, an end, a cancel) reads the steps in flight back first, then
+plans again. A cancelled sequence stops and frees its pages at the next step boundary. A model
+error ends the sequences of that step with an "error" event; the loop keeps serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
 
@@ -48,6 +49,9 @@ from zinc.engine.sequences import (
 from zinc.errors import ContextLengthExceededError, EngineClosedError, QueueFullError, ZincError
 
 T = TypeVar("T")
+# Decode steps on the device at once while a batch goes on unchanged: the next is enqueued before
+# the one running ends, so the device never waits for the host between steps.
+CHAIN_DEPTH = 2
 log = logging.getLogger("zinc.engine")
 
 
@@ -114,7 +118,7 @@ class Scheduler:
         self._running: list[_Sequence] = []
         self._closed = False
         self._arrivals = 0
-        self._inflight: _Inflight | None = None  # a decode step enqueued and not yet read back
+        self._inflight: deque[_Inflight] = deque()  # decode steps enqueued, not yet read back
         self._thread = threading.Thread(target=self._loop, name="zinc-scheduler", daemon=True)
 
     # --- the caller's side (any thread) --------------------------------------------------------
@@ -169,7 +173,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._waiting and not self._running and self._inflight is None:
+                while not self._closed and not self._waiting and not self._running and not self._inflight:
                     self._cond.wait()
                 if self._closed:
                     break
@@ -185,10 +189,12 @@ class Scheduler:
                     continue
                 prefills = self._prefill_plan()
                 decode = [s for s in self._running if s.decoding]
-                chain = not prefills and self._chains(decode)
-            if self._inflight is not None:  # a step is on the device: chain the next one, or end it
-                step = self._inflight
-                self._guard(step.group, self._next if chain else self._complete, step)
+                chain = not prefills and self._chains(decode, len(self._inflight))
+            if self._inflight:  # steps are on the device: enqueue one more behind them, or read one back
+                if chain and len(self._inflight) < CHAIN_DEPTH:
+                    self._guard(decode, self._next, self._inflight[-1])
+                else:
+                    self._guard(self._inflight[0].group, self._complete, self._inflight[0])
                 continue  # plan again: that step's tokens changed what runs next
             self._prefills(prefills)
             for at in range(0, len(decode), self.model.max_batch):
@@ -202,7 +208,7 @@ class Scheduler:
         try:
             run(arg)
         except Exception as exc:  # a device or sampling failure ends this step's sequences only
-            self._inflight = None  # drop a chained step: its sequences, if any go on, run it again
+            self._inflight.clear()  # drop the chained steps: their sequences, if any go on, run them again
             error = exc if isinstance(exc, ZincError) else ZincError(f"generation failed: {exc}")
             with self._cond:
                 for seq in seqs:
@@ -343,53 +349,51 @@ class Scheduler:
             group = [s for s in group if s in self._running]
             positions = [len(s.fed) for s in group]
             slots = [s.slots(self.pool, p + 1) for s, p in zip(group, positions, strict=True)]
-            chain = len(group) == len(self._running) and self._chains(group)
+            chain = len(group) == len(self._running) and self._chains(group, 1)
         if not group:
             return
         step = _Inflight(group, self.model.decode_batch([s.pending[0] for s in group], positions, slots))
-        if chain:  # the next iteration enqueues the step after it before reading it back
-            self._inflight = step
-        else:
+        self._inflight.append(step)
+        if not chain:  # else the next iteration enqueues the step after it before reading it back
             self._complete(step)
 
-    def _chains(self, group: list[_Sequence]) -> bool:
-        """Whether the step after the one now running (the lock is held) can be enqueued before it
-        is read back: the same sequences (all that run, in one batch), each taking the device's
-        greedy token and sure to need that step (two more tokens within max_tokens and the context)."""
+    def _chains(self, group: list[_Sequence], ahead: int) -> bool:
+        """Whether one more step can be enqueued behind the `ahead` steps of `group` on the device
+        (the lock is held), before they are read back: the same sequences (all that run, in one
+        batch), each taking the device's greedy token and sure to need that step (its token within
+        max_tokens, its position within the context)."""
         if not group or len(group) > self.model.max_batch:
             return False
-        if self._inflight is not None and not _same(group, self._inflight.group):
+        if self._inflight and not _same(group, self._inflight[-1].group):
             return False
         return all(
             not s.cancelled
             and not s.req.picker.read_logits
-            and s.generated + 2 <= s.req.max_tokens
-            and len(s.fed) + 2 <= self.model.context_length
+            and s.generated + ahead + 1 <= s.req.max_tokens
+            and len(s.fed) + ahead + 1 <= self.model.context_length
             for s in group
         )
 
-    def _next(self, step: _Inflight) -> None:
-        """Once `step` has run, enqueue the step after it (fed its greedy tokens on the device),
-        then deliver `step`'s tokens while the device runs that one. Not when a waiting request could
-        be admitted (its prompt goes next, behind no other step) or a page cannot be had."""
-        step.step.wait()
+    def _next(self, last: _Inflight) -> None:
+        """Enqueue the step after `last` (the newest on the device), fed its greedy tokens on the
+        device, without waiting for it: the device goes from one step to the next while the host
+        reads back and delivers the one before. Not when a waiting request could be admitted (its
+        prompt goes next, behind as few steps as possible) or a page cannot be had."""
+        ahead = len(self._inflight)
         with self._cond:
             admits = bool(self._waiting) and len(self._running) < self.parallel  # a prompt could go in now
-            grown = not admits and all(self._grow(s, len(s.fed) + 2, preempt=False) for s in step.group)
-            positions = [len(s.fed) + 1 for s in step.group]  # step's own token is not in `fed` yet
-            slots = [s.slots(self.pool, p + 1) for s, p in zip(step.group, positions, strict=True) if grown]
+            grown = not admits and all(self._grow(s, len(s.fed) + ahead + 1, preempt=False) for s in last.group)
+            positions = [len(s.fed) + ahead for s in last.group]  # the steps ahead feed the tokens before
+            slots = [s.slots(self.pool, p + 1) for s, p in zip(last.group, positions, strict=True) if grown]
         if not grown:
-            self._complete(step)
+            self._complete(self._inflight[0])
             return
-        nxt = _Inflight(step.group, self.model.decode_next(step.step, positions, slots))
-        self._inflight = nxt
-        self._complete(step, chained=True)
+        self._inflight.append(_Inflight(last.group, self.model.decode_next(last.step, positions, slots)))
 
-    def _complete(self, step: _Inflight, chained: bool = False) -> None:
-        """Read back `step` and deliver each row's token (rows of sequences that ended meanwhile
-        are dropped: a chained step ran them for nothing)."""
-        if not chained:
-            self._inflight = None
+    def _complete(self, step: _Inflight) -> None:
+        """Read back `step` (the oldest on the device) and deliver each row's token (rows of
+        sequences that ended meanwhile are dropped: a chained step ran them for nothing)."""
+        self._inflight.popleft()
         step.step.wait()
         for i, seq in enumerate(step.group):
             if seq.finished:
