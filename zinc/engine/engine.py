@@ -5,11 +5,12 @@ continuous-batching `Scheduler` (zinc.engine.batcher) that runs every admitted r
 together on one thread; admission (at most `parallel` running, a bounded queue, past it
 `QueueFullError` at once); turning each request's token events into text deltas with stop
 sequences held back; and abort: when the consumer stops iterating (or a stop sequence matched),
-the sequence is cancelled and its KV pages freed at the next step boundary. A request's grammar
-(constrained decoding), sampling and logprobs are its `TokenPicker`; each token's logprobs ride on
-the delta that carries the token, even when its text is held back. `session_id` keeps a
-conversation's pages cached between requests until `release_session`.
-Imports: zinc.engine (types, generate, batcher, stops, constraint), zinc.runtime.session,
+the sequence is cancelled and its KV pages freed at the next step boundary. Token events reach
+the request's event loop through one `EventRelay` per loop (a step's tokens wake it once). A
+request's grammar (constrained decoding), sampling and logprobs are its `TokenPicker`; each
+token's logprobs ride on the delta that carries the token, even when its text is held back.
+`session_id` keeps a conversation's pages cached between requests until `release_session`.
+Imports: zinc.engine (types, generate, batcher, relay, stops, constraint), zinc.runtime.session,
 zinc.tokenizer, zinc.errors.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import Any
@@ -25,6 +27,7 @@ from typing import Any
 from zinc.engine.batcher import Scheduler, SequenceHandle
 from zinc.engine.constraint import GrammarMatcher
 from zinc.engine.generate import Sampled, TokenPicker
+from zinc.engine.relay import EventRelay
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest
 from zinc.engine.stops import StopMatcher
 from zinc.engine.types import (
@@ -66,6 +69,7 @@ class LocalEngine:
         # grammar compilation runs here, off the event loop
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="zinc-engine")
         self.started = time.monotonic()
+        self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay] = weakref.WeakKeyDictionary()
 
     @property
     def model_id(self) -> str:
@@ -78,6 +82,14 @@ class LocalEngine:
     def close(self) -> None:
         self.scheduler.close()
         self._worker.shutdown(wait=False)
+
+    def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
+        """The relay to `loop`: every request served from one loop shares it, so a decode step's
+        tokens wake that loop once."""
+        relay = self._relays.get(loop)
+        if relay is None:
+            relay = self._relays[loop] = EventRelay(loop)
+        return relay
 
     def stats(self) -> EngineStats:
         s, run = self.session, self.scheduler.stats()
@@ -117,10 +129,10 @@ class LocalEngine:
             )
         picker = TokenPicker(prompt, request.sampling, eog, logprobs=request.logprobs, constraint=matcher)
         events: asyncio.Queue[SequenceEvent] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
+        relay = self._relay(asyncio.get_running_loop())
 
         def deliver(event: SequenceEvent) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            relay.post(events.put_nowait, event)
 
         handle = self.scheduler.submit(
             SequenceRequest(prompt, request.max_tokens, eog, picker, deliver, request.session_id)

@@ -1,0 +1,81 @@
+"""EventRelay (zinc.engine.relay): events posted from another thread reach the loop in order, a
+batch of them with one wake-up, and a closed loop is an error, not a lost relay."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from zinc.engine.relay import EventRelay
+
+
+class CountingLoop:
+    """Stands in for a loop: counts wake-ups and runs them when told to."""
+
+    def __init__(self) -> None:
+        self.wakeups: list[Any] = []
+        self.closed = False
+
+    def call_soon_threadsafe(self, callback: Any) -> None:
+        if self.closed:
+            raise RuntimeError("Event loop is closed")
+        self.wakeups.append(callback)
+
+    def run(self) -> None:
+        ready, self.wakeups = self.wakeups, []
+        for callback in ready:
+            callback()
+
+
+def test_events_posted_before_the_loop_runs_wake_it_once_in_order() -> None:
+    loop = CountingLoop()
+    relay = EventRelay(loop)  # type: ignore[arg-type]
+    seen: list[tuple[str, int]] = []
+    for i in range(5):
+        relay.post(lambda e: seen.append(("a", e)), i)
+        relay.post(lambda e: seen.append(("b", e)), 10 + i)
+    assert len(loop.wakeups) == 1
+    loop.run()
+    assert seen == [p for i in range(5) for p in (("a", i), ("b", 10 + i))]
+    relay.post(lambda e: seen.append(("a", e)), 99)  # a new batch wakes the loop again
+    assert len(loop.wakeups) == 1
+    loop.run()
+    assert seen[-1] == ("a", 99)
+
+
+def test_a_closed_loop_raises_and_a_later_batch_wakes_the_loop_again() -> None:
+    loop = CountingLoop()
+    relay = EventRelay(loop)  # type: ignore[arg-type]
+    loop.closed = True
+    with pytest.raises(RuntimeError):
+        relay.post(print, "lost")
+    loop.closed = False
+    seen: list[str] = []
+    relay.post(seen.append, "kept")
+    assert len(loop.wakeups) == 1  # not left waiting behind the dropped batch
+    loop.run()
+    assert seen == ["kept"]
+
+
+def test_events_from_another_thread_arrive_on_the_loop_in_order() -> None:
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        relay = EventRelay(loop)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        threads: list[int] = []
+
+        def put(item: int) -> None:
+            threads.append(threading.get_ident())
+            queue.put_nowait(item)
+
+        worker = threading.Thread(target=lambda: [relay.post(put, i) for i in range(2000)])
+        worker.start()
+        got = [await asyncio.wait_for(queue.get(), 10) for _ in range(2000)]
+        worker.join()
+        assert set(threads) == {threading.get_ident()}  # delivered on the loop's thread
+        return got
+
+    assert asyncio.run(main()) == list(range(2000))

@@ -1,0 +1,43 @@
+"""Handing the scheduler thread's events to an asyncio event loop, one wake-up for many.
+
+Owns: `EventRelay` — events posted from any thread are queued under a lock, and the loop is woken
+(`call_soon_threadsafe`) only by the first event of a batch; the callback it runs hands over every
+event posted until then, in posting order. A batched decode step posts one token event per
+sequence: the loop wakes once per step and serves every stream in that one turn, instead of once
+per token. Posting to a closed loop raises (as `call_soon_threadsafe` does), and the events of
+that batch are dropped, so that a later batch wakes the loop again.
+Imports: asyncio, threading, the stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+class EventRelay:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Callable[[Any], None], Any]] = []
+
+    def post(self, deliver: Callable[[Any], None], event: Any) -> None:
+        """Call `deliver(event)` on the loop (any thread), after the events posted before it."""
+        with self._lock:
+            first = not self._pending
+            self._pending.append((deliver, event))
+        if first:
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed: nothing will run this batch
+                with self._lock:
+                    self._pending.clear()
+                raise
+
+    def _flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        for deliver, event in batch:
+            deliver(event)
