@@ -6,7 +6,9 @@ or a lost row fails the call); the greedy token is a hash of that history, so to
 only when every position was read back right. Every call is recorded (kind, rows, positions, slots
 written); a call can be held (`hold_at`) so a test sees the loop between two steps, slowed
 (`delay`) or made to fail (`fail_prefill`, `fail_on`); `ahead` counts the decode steps made and
-not yet read back.
+not yet read back. With `step_s` the calls run on an in-order device, `step_s` each: a decode step
+returns at once and is read back once it has run, a prompt's call returns once it has run; `ran`
+holds when each started there.
 """
 
 from __future__ import annotations
@@ -64,11 +66,13 @@ class Row:
 class Rows:
     tokens: list[int]
     model: FakeModel | None = None  # told when the step is read back (`FakeModel.ahead`)
+    ready_at: float = 0.0  # when the step has run on the fake's in-order device (`step_s`)
 
     def wait(self) -> None:
         if self.model is not None:
             self.model.ahead -= 1
             self.model = None
+        time.sleep(max(0.0, self.ready_at - time.monotonic()))
 
     def token(self, i: int) -> int:
         return self.tokens[i]
@@ -94,6 +98,18 @@ class FakeModel:
     go: threading.Event = field(default_factory=threading.Event)
     ahead: int = 0  # decode steps made and not yet read back (waited for)
     most_ahead: int = 0
+    step_s: float = 0.0  # device time of every call, run one after another in call order (0: none)
+    free_at: float = 0.0  # when the device is done with the calls made so far
+    ran: list[tuple[Call, float]] = field(default_factory=list)  # each call and its device start
+
+    def _device(self) -> float:
+        """Put the call just recorded on the in-order device; returns when it has run."""
+        if not self.step_s:
+            return 0.0
+        start = max(time.monotonic(), self.free_at)
+        self.free_at = start + self.step_s
+        self.ran.append((self.calls[-1], start))
+        return self.free_at
 
     def _gate(self) -> None:
         time.sleep(self.delay)
@@ -143,6 +159,7 @@ class FakeModel:
         for i, token in enumerate(ids):
             history.append(token)
             self.slab[written[i]] = tuple(history)
+        time.sleep(max(0.0, self._device() - time.monotonic()))  # a prompt's call returns once it has run
         return history
 
     def decode_batch(self, tokens: Sequence[int], positions: Sequence[int], slots: Sequence[Any]) -> Rows:
@@ -161,7 +178,7 @@ class FakeModel:
             self.slab[slot] = tuple(history)
         self.ahead += 1
         self.most_ahead = max(self.most_ahead, self.ahead)
-        return Rows([next_token(h) for h in histories], self)
+        return Rows([next_token(h) for h in histories], self, self._device())
 
     def decode_next(self, prev: Rows, positions: Sequence[int], slots: Sequence[Any]) -> Rows:
         """The chained step: `prev`'s rows fed their greedy tokens (recorded as kind "next")."""

@@ -9,11 +9,14 @@ chained calls are recorded as kind "next".
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from itertools import pairwise
 
-from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
+from tests.unit._fake_step_model import PAGE, WAIT_S, FakeModel, prompt, solo
 from tests.unit.test_batcher import Greedy, Run
 from zinc.engine.batcher import CHAIN_DEPTH, Scheduler
 
@@ -60,6 +63,43 @@ def test_a_steady_batch_keeps_chain_depth_steps_ahead_and_none_past_max_tokens()
         # token 16 is sampled from the step that fed token 15 at position 8 + 14: none goes further
         assert max(p for c in model.calls if c.kind in ("decode", "next") for p in c.positions) == 8 + 14
         settled(scheduler)
+
+
+def test_the_device_runs_steps_back_to_back_and_a_new_prompt_waits_for_the_running_step_only() -> None:
+    """On a device whose steps take 20 ms, the next step is enqueued shortly before the running one
+    ends (ENQUEUE_LEAD_S), not as soon as it starts: a request that comes in meanwhile has its
+    prompt run right after the running step, not after one more."""
+    model = FakeModel(step_s=0.02, kv_slots=PAGE * 40)
+    scheduler = Scheduler(model, page_size=16, parallel=8, max_queue=4)
+    scheduler.start()
+    try:
+        background = [prompt(100 + i, 6) for i in range(3)]
+        runs = [Run(scheduler, p, max_tokens=57, stop=()) for p in background]
+        deadline = time.monotonic() + WAIT_S
+        while len(model.rows("next")) < 4:  # the chain is steady
+            assert time.monotonic() < deadline, "the batch never chained its steps"
+            time.sleep(0.005)
+        behind = []  # steps that started on the device after a probe came in, before its prompt
+        rng = random.Random(7)
+        for i in range(8):
+            time.sleep(rng.uniform(0.0, 0.02))
+            came = time.monotonic()
+            probe = Run(scheduler, prompt(110 + i, 5), max_tokens=1, stop=())
+            assert probe.wait().reason == "length"
+            ran = [(call.kind, start) for call, start in model.ran if start >= came]
+            first = next(at for at, (kind, _) in enumerate(ran) if kind == "prefill")
+            behind.append(first)
+        for run, p in zip(runs, background, strict=True):
+            assert run.wait().reason == "length" and run.tokens == solo(p, 57)
+        # without the lead every probe waits for one more step; allow a probe in the lead window
+        assert sum(n == 0 for n in behind) >= 6, behind
+        # steady steps start as the one before ends: no gap on the device between them
+        steps = [start for call, start in model.ran if call.kind == "next"]
+        gaps = [b - a - model.step_s for a, b in pairwise(steps)]
+        assert sum(abs(g) < 1e-9 for g in gaps) >= len(gaps) // 2, gaps
+        settled(scheduler)
+    finally:
+        scheduler.close()
 
 
 def test_a_chain_stops_at_the_end_of_the_context() -> None:

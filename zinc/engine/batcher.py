@@ -14,13 +14,14 @@ recently used cached page is evicted, then the least recently used session dropp
 youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and the
 tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the request's
 `on_event` from the loop thread. While the same batch goes on unchanged (every running sequence in
-it, all greedy, none within `CHAIN_DEPTH` tokens of its end), its steps are chained: two stay
-enqueued, each fed the greedy tokens of the one before it on the device, and the host reads back
-and delivers the older while the newer runs, then enqueues the next, so the device goes from step
-to step without waiting for the host; a row whose sequence ended meanwhile was run for nothing
-and is dropped. A waiting request stops the chain (its prompt goes next, behind the steps already
-enqueued); any change (a new prompt, an end, a cancel) reads the steps in flight back first, then
-plans again. A cancelled sequence stops and frees its pages at the next step boundary. A model
+it, all greedy, none within `CHAIN_DEPTH` tokens of its end), its steps are chained: each is fed
+the greedy tokens of the one before it on the device, and is enqueued `ENQUEUE_LEAD_S` before
+that one is due to end (timed on the batch's recent steps), so the device goes from step to step
+without waiting for the host, while a request that comes in before then waits for the running
+step only; the host reads back and delivers a step while the next one runs. A row whose sequence
+ended meanwhile was run for nothing and is dropped. A waiting request stops the chain (its prompt
+goes next, behind the steps already enqueued); any change (a new prompt, an end, a cancel) reads
+the steps in flight back first, then plans again. A cancelled sequence stops and frees its pages at the next step boundary. A model
 error ends the sequences of that step with an "error" event; the loop keeps serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,8 +52,12 @@ from zinc.errors import ContextLengthExceededError, EngineClosedError, QueueFull
 
 T = TypeVar("T")
 # Decode steps on the device at once while a batch goes on unchanged: the next is enqueued before
-# the one running ends, so the device never waits for the host between steps.
+# the one running ends, so the device never waits for the host between steps...
 CHAIN_DEPTH = 2
+# ... but only this long before that one is due to end (about what enqueueing a step takes on a
+# busy host): a request that comes in earlier waits for the running step only, not for one more.
+ENQUEUE_LEAD_S = 0.003
+STEP_TIMES = 8  # a step's expected time is the shortest of the batch's last few (a late read is longer)
 log = logging.getLogger("zinc.engine")
 
 
@@ -119,6 +125,9 @@ class Scheduler:
         self._closed = False
         self._arrivals = 0
         self._inflight: deque[_Inflight] = deque()  # decode steps enqueued, not yet read back
+        self._started = 0.0  # when the oldest step on the device started there (time.monotonic)
+        self._step_times: deque[float] = deque(maxlen=STEP_TIMES)  # the last steps' device times
+        self._timed: list[_Sequence] = []  # the batch they were timed on
         self._thread = threading.Thread(target=self._loop, name="zinc-scheduler", daemon=True)
 
     # --- the caller's side (any thread) --------------------------------------------------------
@@ -190,6 +199,9 @@ class Scheduler:
                 prefills = self._prefill_plan()
                 decode = [s for s in self._running if s.decoding]
                 chain = not prefills and self._chains(decode, len(self._inflight))
+                if chain and len(self._inflight) == 1 and (hold := self._hold()) > 0:
+                    self._cond.wait(hold)  # a new request (or a cancel) wakes it at once
+                    continue
             if self._inflight:  # steps are on the device: enqueue one more behind them, or read one back
                 if chain and len(self._inflight) < CHAIN_DEPTH:
                     self._guard(decode, self._next, self._inflight[-1])
@@ -352,6 +364,7 @@ class Scheduler:
             chain = len(group) == len(self._running) and self._chains(group, 1)
         if not group:
             return
+        self._started = time.monotonic()  # the device is idle: the step runs from now
         step = _Inflight(group, self.model.decode_batch([s.pending[0] for s in group], positions, slots))
         self._inflight.append(step)
         if not chain:  # else the next iteration enqueues the step after it before reading it back
@@ -390,11 +403,25 @@ class Scheduler:
             return
         self._inflight.append(_Inflight(last.group, self.model.decode_next(last.step, positions, slots)))
 
+    def _hold(self) -> float:
+        """Seconds to wait before enqueueing the step after the one running (the lock is held):
+        until `ENQUEUE_LEAD_S` before it is due to end, as long after its start as the batch's
+        recent steps took."""
+        if not self._step_times or not _same(self._timed, self._inflight[0].group):
+            return 0.0
+        return self._started + min(self._step_times) - ENQUEUE_LEAD_S - time.monotonic()
+
     def _complete(self, step: _Inflight) -> None:
         """Read back `step` (the oldest on the device) and deliver each row's token (rows of
         sequences that ended meanwhile are dropped: a chained step ran them for nothing)."""
         self._inflight.popleft()
         step.step.wait()
+        now = time.monotonic()
+        if not _same(self._timed, step.group):
+            self._timed = step.group
+            self._step_times.clear()
+        self._step_times.append(now - self._started)  # longer if read late: the shortest counts
+        self._started = now  # the step queued behind it, if any, runs from now
         for i, seq in enumerate(step.group):
             if seq.finished:
                 continue
