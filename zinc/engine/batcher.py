@@ -14,15 +14,16 @@ recently used cached page is evicted, then the least recently used session dropp
 youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and the
 tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the request's
 `on_event` from the loop thread. While the same batch goes on unchanged (every running sequence in
-it, all greedy, none within `CHAIN_DEPTH` tokens of its end), its steps are chained: each is fed
-the greedy tokens of the one before it on the device, and is enqueued `ENQUEUE_LEAD_S` before
-that one is due to end (timed on the batch's recent steps), so the device goes from step to step
-without waiting for the host, while a request that comes in before then waits for the running
-step only; the host reads back and delivers a step while the next one runs. A row whose sequence
-ended meanwhile was run for nothing and is dropped. A waiting request stops the chain (its prompt
-goes next, behind the steps already enqueued); any change (a new prompt, an end, a cancel) reads
-the steps in flight back first, then plans again. A cancelled sequence stops and frees its pages at the next step boundary. A model
-error ends the sequences of that step with an "error" event; the loop keeps serving.
+it, all greedy, each sure to need the next step), its steps are chained: each is fed the greedy
+tokens of the one before it on the device, and is enqueued `ENQUEUE_LEAD_S` before that one is
+due to end (timed on the batch's recent steps), so the device goes from step to step without
+waiting for the host, while a request that comes in before then waits for the running step only;
+the host reads back and delivers a step while the next one runs. A row whose sequence ended
+meanwhile was run for nothing and is dropped. A waiting request stops the chain (its prompt goes
+next, behind the steps already enqueued); any change (a new prompt, an end, a cancel) reads the
+steps in flight back first, then plans again. A cancelled sequence stops and frees its pages at
+the next step boundary. A model error ends the sequences of that step with an "error" event; the
+loop keeps serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
 
