@@ -60,6 +60,21 @@ def test_a_closed_loop_raises_and_a_later_batch_wakes_the_loop_again() -> None:
     assert seen == ["kept"]
 
 
+def test_a_hand_over_that_raises_does_not_lose_the_rest_of_its_batch() -> None:
+    loop = CountingLoop()
+    relay = EventRelay(loop)  # type: ignore[arg-type]
+    seen: list[int] = []
+
+    def fails(event: int) -> None:
+        raise RuntimeError("gone")
+
+    relay.post(seen.append, 1)
+    relay.post(fails, 2)
+    relay.post(seen.append, 3)
+    loop.run()
+    assert seen == [1, 3]
+
+
 def test_events_from_another_thread_arrive_on_the_loop_in_order() -> None:
     async def main() -> list[int]:
         loop = asyncio.get_running_loop()

@@ -5,16 +5,20 @@ Owns: `EventRelay` — events posted from any thread are queued under a lock, an
 event posted until then, in posting order. A batched decode step posts one token event per
 sequence: the loop wakes once per step and serves every stream in that one turn, instead of once
 per token. Posting to a closed loop raises (as `call_soon_threadsafe` does), and the events of
-that batch are dropped, so that a later batch wakes the loop again.
-Imports: asyncio, threading, the stdlib.
+that batch are dropped, so that a later batch wakes the loop again; a hand-over that raises on
+the loop is logged and the rest of its batch still delivered.
+Imports: the stdlib (asyncio, logging, threading).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("zinc.engine")
 
 
 class EventRelay:
@@ -40,4 +44,7 @@ class EventRelay:
         with self._lock:
             batch, self._pending = self._pending, []
         for deliver, event in batch:
-            deliver(event)
+            try:
+                deliver(event)
+            except Exception:  # one failed hand-over must not lose the rest of the batch
+                log.exception("delivering a token event failed")
