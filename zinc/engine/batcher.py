@@ -200,7 +200,7 @@ class Scheduler:
                 prefills = self._prefill_plan()
                 decode = [s for s in self._running if s.decoding]
                 chain = not prefills and self._chains(decode, len(self._inflight))
-                if chain and len(self._inflight) == 1 and (hold := self._hold()) > 0:
+                if chain and len(self._inflight) == CHAIN_DEPTH - 1 and (hold := self._hold()) > 0:
                     self._cond.wait(hold)  # a new request (or a cancel) wakes it at once
                     continue
             if self._inflight:  # steps are on the device: enqueue one more behind them, or read one back
