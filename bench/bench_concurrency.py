@@ -8,7 +8,7 @@ only, never CI.)
 Starts `zinc serve --parallel 8` and then `python -m llama_cpp.server` (2 threads,
 `--interrupt_requests false`: by default it ends a running stream when another request comes) as
 subprocesses on loopback, each with the bundled SmolLM2 Q4_1, and measures with streaming
-`/v1/completions` requests (greedy, raw sockets in threads):
+`/v1/completions` requests (greedy; raw sockets, all read by one thread):
 1. one stream: decode tokens/s (first to last token), aggregate tokens/s (all its tokens / the
    time from sending the request to its last token) and time to first token;
 2. 4 and 8 concurrent streams: aggregate tokens/s (all tokens / wall time from the first request
@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import os
 import platform
+import selectors
 import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from zinc.model.gguf_file import default_model_path
 
@@ -95,95 +95,196 @@ class Stream:
         )
 
 
+class Exchange:
+    """One streaming request on its own connection, fed the bytes `streams` reads for it: the status
+    line and headers, the body (chunked, sized or to the end), and its SSE `data:` lines, each
+    timed at the read that brought it. Tokens are counted from usage when the server sends it, else
+    by chunks with text."""
+
+    def __init__(self, path: str, body: dict[str, Any]) -> None:
+        self.path, self.out = path, Stream()
+        payload = orjson.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
+        self.request = (
+            f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+        ).encode() + payload
+        self.raw = bytearray()  # what has come and is not yet parsed
+        self.text = bytearray()  # the body, de-chunked, not yet split into lines
+        self.status = 0
+        self.framing = ""  # "chunked", "sized" or "close"
+        self.left = 0  # bytes still to come of the current chunk, or of a sized body
+        self.done = False
+        self.chunks = 0
+
+    def feed(self, data: bytes, now: float) -> None:
+        """Bytes read at `now`; b"" is the end of the connection."""
+        if not data:
+            if self.framing == "close":
+                self._lines(now, final=True)
+            self.done = True
+            return
+        self.raw += data
+        if not self.status and not self._head():
+            return
+        if self.framing == "chunked":
+            self._chunks()
+        else:
+            take = len(self.raw) if self.framing == "close" else min(self.left, len(self.raw))
+            self.text += self.raw[:take]
+            del self.raw[:take]
+            self.left -= take
+            self.done = self.framing == "sized" and self.left <= 0
+        self._lines(now, final=self.done)
+
+    def _head(self) -> bool:
+        end = self.raw.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        head = bytes(self.raw[:end]).decode("latin-1").lower().split("\r\n")
+        del self.raw[: end + 4]
+        self.status = int(head[0].split()[1])
+        fields = dict(line.split(":", 1) for line in head[1:] if ":" in line)
+        if "chunked" in fields.get("transfer-encoding", ""):
+            self.framing = "chunked"
+        elif "content-length" in fields:
+            self.framing, self.left = "sized", int(fields["content-length"])
+        else:
+            self.framing = "close"
+        return True
+
+    def _chunks(self) -> None:
+        raw = self.raw
+        while raw:
+            if self.left:  # inside a chunk: its data, then its CRLF
+                take = min(self.left, len(raw))
+                self.text += raw[:take]
+                del raw[:take]
+                self.left -= take
+                continue
+            end = raw.find(b"\r\n")
+            if end < 0:
+                return
+            line = bytes(raw[:end])
+            if not line:  # the CRLF after a chunk's data
+                del raw[:2]
+                continue
+            size = int(line.split(b";")[0], 16)
+            if size == 0:
+                self.done = True
+                raw.clear()
+                return
+            del raw[: end + 2]
+            self.left = size
+
+    def _lines(self, now: float, final: bool) -> None:
+        text = self.text
+        end = text.rfind(b"\n")
+        if self.status != 200 or (end < 0 and not final):
+            return  # an error's body is kept whole for `result` to report
+        cut = len(text) if final else end + 1
+        lines = bytes(text[:cut]).split(b"\n")
+        del text[:cut]
+        out = self.out
+        for raw_line in lines:
+            line = raw_line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            data = orjson.loads(line[6:])
+            usage = data.get("usage")
+            if usage:
+                out.tokens = usage["completion_tokens"]
+                out.prompt = usage.get("prompt_tokens") or 0
+                out.cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            for choice in data.get("choices") or []:
+                out.finish = choice.get("finish_reason") or out.finish
+                if choice.get("text") or (choice.get("delta") or {}).get("content"):
+                    out.first = out.first or now
+                    out.last = now
+                    self.chunks += 1
+
+    def result(self) -> Stream:
+        if self.status != 200:
+            raise RuntimeError(f"{self.path}: HTTP {self.status}: {bytes(self.text)[:200]!r}")
+        if not self.out.finish:
+            raise RuntimeError(f"{self.path}: the stream ended without a finish_reason (cut short)")
+        self.out.tokens = self.out.tokens or self.chunks
+        return self.out
+
+
+def streams(port: int, jobs: Sequence[tuple[float, str, dict[str, Any]]]) -> list[Stream]:
+    """Run streaming requests `(delay_s, path, body)` together, each sent `delay_s` after the
+    first, on their own connections, all read by this one thread with `selectors`: the clients
+    share the 2 cores with the server, and threads with `http.client` took 40-80 us of CPU per
+    token from it (a thread woken per chunk, the GIL handed over, chunked decoding in Python)."""
+    pending = sorted(((delay, i, Exchange(path, body)) for i, (delay, path, body) in enumerate(jobs)),
+                     key=lambda job: job[0])  # fmt: skip
+    exchanges = [job[2] for job in sorted(pending, key=lambda job: job[1])]
+    sel = selectors.DefaultSelector()
+    t0 = time.perf_counter()
+    deadline = t0 + REQUEST_TIMEOUT_S
+    live = 0
+    try:
+        while pending or live:
+            now = time.perf_counter()
+            if now > deadline:
+                raise RuntimeError("a request did not finish in time")
+            while pending and pending[0][0] <= now - t0:
+                _, _, ex = pending.pop(0)
+                sock = socket.create_connection((HOST, port), timeout=REQUEST_TIMEOUT_S)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                ex.out.sent = time.perf_counter()
+                sock.sendall(ex.request)
+                sock.setblocking(False)
+                sel.register(sock, selectors.EVENT_READ, ex)
+                live += 1
+            wait = max(0.0, pending[0][0] - (time.perf_counter() - t0)) if pending else 1.0
+            for key, _ in sel.select(wait):
+                ready, ex = key.fileobj, key.data
+                assert isinstance(ready, socket.socket) and isinstance(ex, Exchange)
+                sock = ready
+                try:
+                    data = sock.recv(1 << 16)
+                except BlockingIOError:
+                    continue
+                ex.feed(data, time.perf_counter())
+                if ex.done:
+                    sel.unregister(sock)
+                    sock.close()
+                    live -= 1
+    finally:
+        for key in list(sel.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        sel.close()
+    return [ex.result() for ex in exchanges]
+
+
 def request(port: int, path: str, body: dict[str, Any]) -> Stream:
-    """One streaming request; tokens counted from usage when the server sends it, else by chunks."""
-    out = Stream()
-    conn = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT_S)
-    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
-    out.sent = time.perf_counter()
-    conn.request("POST", path, payload, {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    if resp.status != 200:
-        raise RuntimeError(f"{path}: HTTP {resp.status}: {resp.read()[:200]!r}")
-    chunks = 0
-    for raw in resp:
-        line = raw.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        data = json.loads(line[6:])
-        if data.get("usage"):
-            out.tokens = data["usage"]["completion_tokens"]
-            out.prompt = data["usage"].get("prompt_tokens") or 0
-            out.cached = (data["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        for choice in data.get("choices") or []:
-            out.finish = choice.get("finish_reason") or out.finish
-            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
-            if piece:
-                now = time.perf_counter()
-                out.first = out.first or now
-                out.last = now
-                chunks += 1
-    conn.close()
-    if not out.finish:
-        raise RuntimeError(f"{path}: the stream ended without a finish_reason (the server cut it short)")
-    out.tokens = out.tokens or chunks
-    return out
+    """One streaming request."""
+    return streams(port, [(0.0, path, body)])[0]
 
 
 def completion(port: int, prompt: str, n: int) -> Stream:
-    return request(port, "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0})
+    return request(port, "/v1/completions", completion_body(prompt, n))
 
 
-def in_threads(jobs: Sequence[Callable[[], Stream]]) -> list[Stream]:
-    results: list[Stream | BaseException] = [RuntimeError("not run")] * len(jobs)
-
-    def run(i: int) -> None:
-        try:
-            results[i] = jobs[i]()
-        except BaseException as exc:  # reported below
-            results[i] = exc
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(REQUEST_TIMEOUT_S)
-    for r in results:
-        if isinstance(r, BaseException):
-            raise RuntimeError(f"a concurrent request failed: {r}")
-    return [r for r in results if isinstance(r, Stream)]
+def completion_body(prompt: str, n: int) -> dict[str, Any]:
+    return {"prompt": prompt, "max_tokens": n, "temperature": 0}
 
 
 def concurrent(port: int, n_streams: int, tokens: int) -> tuple[float, float, int]:
     """Aggregate tokens/s, worst time to first token and how many streams ended before `tokens`
     of `n_streams` streams sent at once."""
-    streams = in_threads([partial(completion, port, p, tokens) for p in PROMPTS[:n_streams]])
-    wall = max(s.last for s in streams) - min(s.sent for s in streams)
-    short = sum(s.tokens < tokens for s in streams)
-    return sum(s.tokens for s in streams) / wall, max(s.ttft for s in streams), short
+    out = streams(port, [(0.0, "/v1/completions", completion_body(p, tokens)) for p in PROMPTS[:n_streams]])
+    wall = max(s.last for s in out) - min(s.sent for s in out)
+    short = sum(s.tokens < tokens for s in out)
+    return sum(s.tokens for s in out) / wall, max(s.ttft for s in out), short
 
 
 def ttft_under_load(port: int, tokens: int) -> float:
-    """Time to first token of a new request while 7 others stream."""
-    started = threading.Barrier(8, timeout=REQUEST_TIMEOUT_S)
-    result: list[float] = []
-
-    def background(prompt: str) -> Stream:
-        return completion(port, prompt, tokens * 3)
-
-    def probe() -> Stream:
-        started.wait()
-        time.sleep(1.0)  # the others are past their prompts and decoding
-        s = completion(port, PROBE, 4)
-        result.append(s.ttft)
-        return s
-
-    def waiting(prompt: str) -> Stream:
-        started.wait()
-        return background(prompt)
-
-    in_threads([*(partial(waiting, p) for p in PROMPTS[:7]), probe])
-    return result[0]
+    """Time to first token of a new request sent while 7 others stream (1 s after them: they are
+    past their prompts and decoding)."""
+    background = [(0.0, "/v1/completions", completion_body(p, tokens * 3)) for p in PROMPTS[:7]]
+    return streams(port, [*background, (1.0, "/v1/completions", completion_body(PROBE, 4))])[-1].ttft
 
 
 def history(seed: int) -> list[dict[str, str]]:
@@ -251,7 +352,7 @@ def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
     # warm up one stream and every batch size (a fresh server's first steps of each are slower);
     # the prompts share no page with the measured ones, so nothing measured comes from this
     completion(port, WARM_UP, tokens)
-    in_threads([partial(completion, port, f"{WARM_UP} ({i})", 8) for i in range(8)])
+    streams(port, [(0.0, "/v1/completions", completion_body(f"{WARM_UP} ({i})", 8)) for i in range(8)])
     rows: dict[str, list[float]] = {}
 
     def add(key: str, value: float) -> None:
