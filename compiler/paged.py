@@ -1,6 +1,6 @@
 """The paged KV cache in MLIR: gathering a sequence's cached rows by slot, decode attention over
-the slab (a hand-written online-softmax dispatch on the CPU, mlir/attention_decode.mlir; linalg on
-Vulkan, mlir/attention_batch.mlir), per-row argmax and the slot-indexed cache writer.
+the slab (on the CPU the hand-written dispatch of zinc.compiler.attention_cpu; linalg on Vulkan,
+mlir/attention_batch.mlir), per-row argmax and the slot-indexed cache writer.
 
 Owns: the ops over the slot-major slab `[NS, L, 2, Hkv, hd]` (a slot holds one position's K and V
 for every layer; which slots a sequence owns is the runtime's page table, the kernels only see
@@ -9,16 +9,15 @@ The slab holds f16 on the CPU (half the bytes for attention to read, as llama.cp
 cache) and f32 on Vulkan (f16 there needs 16-bit storage buffers, not tried); the math is f32,
 and a step's own new rows are rounded to the slab's type before its attention reads them, so a
 position's K/V is the same number in the step that computes it and in every later one.
-Imports: zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
+Imports: zinc.compiler.attention_cpu, zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
 """
 
 from __future__ import annotations
 
+from zinc.compiler.attention_cpu import render_decode_attention
 from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
 from zinc.compiler.kernels import t_dims, template
 from zinc.model.hparams import HParams
-
-LANES = 16  # f32 lanes of the partial dot products in decode attention (one 512-bit vector)
 
 
 def slab_type(hp: HParams, dt: str = "f32") -> str:
@@ -103,7 +102,7 @@ def attention_batch(
             f"attention_decode_w{win}_s{_sym(scale)}_{b.t_tag}_{hp.block_count}x{heads}x{heads_kv}x{head_dim}"
             f"{b.mod.kv_dtype}"
         )
-        b.mod.helper(name, _render_decode_attention(name, hp, b.t, scale, win, b.mod.kv_dtype))
+        b.mod.helper(name, render_decode_attention(name, hp, b.t, scale, win, b.mod.kv_dtype))
     else:
         name = f"attention_batch_w{win}_s{_sym(scale)}_{b.t_tag}_{heads}x{heads_kv}x{head_dim}"
         b.mod.helper(name, _render_batch_attention(name, hp, b, scale, win))
@@ -125,134 +124,6 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
         "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
     }  # fmt: skip
     return template("attention_batch.mlir").substitute(subs)
-
-
-def _render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: int, dt: str) -> str:
-    """mlir/attention_decode.mlir and the private func dispatching it, for rows `t` (1 or ?), over a
-    slab of `dt` (f16 rows are widened to f32 as they are loaded)."""
-    heads, heads_kv, hd = hp.head_count, hp.head_count_kv, hp.key_length
-    hhd, slab = heads * hd, slab_type(hp, dt)
-    mem = f"memref<?x{hp.block_count}x2x{heads_kv}x{hd}x{dt}>"
-
-    def load(out: str, part: str, j: int) -> list[str]:
-        at = f"%cache[%slot{j}, %layer, {part}, %g, %c0] : {mem}"
-        if dt == "f32":
-            return [f"{out} = vector.load {at}, vector<{hd}xf32>"]
-        return [f"{out}h = vector.load {at}, vector<{hd}x{dt}>",
-                f"{out} = arith.extf {out}h : vector<{hd}x{dt}> to vector<{hd}xf32>"]  # fmt: skip
-
-    chunks = hd // LANES if hd % LANES == 0 else 0  # 16-lane pieces of a head, or 0: whole-head sums
-    qchunks = _chunks("%qs", "%qc", hd, chunks) if chunks else []
-    scores, values = [], []
-    for j in range(8):
-        scores += [
-            f"%sp{j}u = arith.addi %s0, %c{j}x : index",
-            f"%sp{j} = arith.minui %sp{j}u, %slast : index",
-            f"%slot{j}i = memref.load %ctx[%t, %sp{j}] : memref<?x?xi32>",
-            f"%slot{j} = arith.index_cast %slot{j}i : i32 to index",
-            *load(f"%k{j}", "%c0", j),
-            *(_partial_dot(j, hd, chunks) if chunks else [
-                f"%pk{j} = arith.mulf %qs, %k{j} : vector<{hd}xf32>",
-                f"%d{j} = vector.reduction <add>, %pk{j} fastmath<reassoc> : vector<{hd}xf32> into f32",
-            ]),
-        ]
-        values += [
-            *load(f"%v{j}", "%c1", j),
-            f"%p{j} = vector.extract %p[{j}] : f32 from vector<8xf32>",
-            f"%pv{j} = vector.broadcast %p{j} : f32 to vector<{hd}xf32>",
-            f"%a{j + 1} = math.fma %pv{j}, %v{j}, %a{j} : vector<{hd}xf32>",
-        ]
-    scores += _sum_tree() if chunks else ["%sc = vector.from_elements %d0, %d1, %d2, %d3, %d4, %d5, %d6, %d7 : vector<8xf32>"]
-    consts = [f"%c{j}x = arith.constant {j} : index" for j in range(8)]
-    executable = template("attention_decode.mlir").substitute(
-        NAME=name, H=str(heads), G=str(heads // heads_kv), HD=str(hd), HHD=str(hhd), HKV=str(heads_kv),
-        L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win), DT=dt,
-        QCHUNKS="\n".join("      " + ln for ln in qchunks),
-        SCORES="\n".join("        " + ln for ln in [*consts, *scores]),
-        VALUES="\n".join("        " + ln for ln in values),
-    )  # fmt: skip
-    rows = f"tensor<{t}x{heads_kv}x{hd}xf32>"
-    dyn = {f"tensor<{t}x{hhd}xf32>": f"tensor<?x{hhd}xf32>", f"tensor<{t}x?xi32>": "tensor<?x?xi32>",
-           rows: f"tensor<?x{heads_kv}x{hd}xf32>", f"tensor<{t}xi32>": "tensor<?xi32>"}  # fmt: skip
-    lines = [
-        f"func.func private @{name}(%q: tensor<{t}x{hhd}xf32>, %cache: {slab}, %ctx: tensor<{t}x?xi32>, "
-        f"%layer: index, %kn: {rows}, %vn: {rows}, %len: tensor<{t}xi32>) -> tensor<{t}x{hhd}xf32> {{",
-        "  %c0 = arith.constant 0 : index",
-        "  %c1 = arith.constant 1 : index",
-        f"  %T = tensor.dim %q, %c0 : tensor<{t}x{hhd}xf32>",
-        f"  %NS = tensor.dim %cache, %c0 : {slab}",
-        f"  %S = tensor.dim %ctx, %c1 : tensor<{t}x?xi32>",
-    ]
-    operands = []
-    for arg, ty in (("q", f"tensor<{t}x{hhd}xf32>"), ("ctx", f"tensor<{t}x?xi32>"), ("kn", rows), ("vn", rows),
-                    ("len", f"tensor<{t}xi32>")):  # fmt: skip
-        if t == "?":  # already the dispatch's dynamic type
-            operands.append(f"%{arg}")
-            continue
-        lines.append(f"  %{arg}_d = tensor.cast %{arg} : {ty} to {dyn[ty]}")
-        operands.append(f"%{arg}_d")
-    q_d, ctx_d, kn_d, vn_d, len_d = operands
-    lines += [
-        f"  %y = flow.dispatch @{name}_ex::@{name}[%T]({q_d}, %cache, {ctx_d}, {kn_d}, {vn_d}, {len_d}, %T, %NS, %S, "
-        f"%layer) : (tensor<?x{hhd}xf32>{{%T}}, {slab}{{%NS}}, tensor<?x?xi32>{{%T, %S}}, "
-        f"tensor<?x{heads_kv}x{hd}xf32>{{%T}}, tensor<?x{heads_kv}x{hd}xf32>{{%T}}, tensor<?xi32>{{%T}}, "
-        f"index, index, index, index) -> tensor<?x{hhd}xf32>{{%T}}",
-        *([f"  %yc = tensor.cast %y : tensor<?x{hhd}xf32> to tensor<{t}x{hhd}xf32>"] if t != "?" else []),
-        f"  return {'%yc' if t != '?' else '%y'} : tensor<{t}x{hhd}xf32>",
-        "}",
-    ]
-    return executable + "\n".join(lines) + "\n"
-
-
-def _partial_dot(j: int, hd: int, chunks: int) -> list[str]:
-    """Lines for `%d{j}`: q . k_j as LANES partial sums (one per lane, the head's chunks of LANES
-    multiplied and added lane by lane), left for `_sum_tree` to finish."""
-    lines = _chunks(f"%k{j}", f"%kc{j}_", hd, chunks)
-    names = [f"%d{j}_{i}" for i in range(chunks - 1)] + [f"%d{j}"]
-    lines.append(f"{names[0]} = arith.mulf %qc0, %kc{j}_0 : vector<{LANES}xf32>")
-    lines += [f"{names[i]} = math.fma %qc{i}, %kc{j}_{i}, {names[i - 1]} : vector<{LANES}xf32>" for i in range(1, chunks)]
-    return lines
-
-
-def _chunks(value: str, out: str, hd: int, chunks: int) -> list[str]:
-    """Lines splitting `value` (vector<hd x f32>) into `chunks` vectors of LANES: `out`0, `out`1, ..."""
-    rows = f"vector<{chunks}x{LANES}xf32>"
-    return [f"{out}s = vector.shape_cast {value} : vector<{hd}xf32> to {rows}"] + [
-        f"{out}{i} = vector.extract {out}s[{i}] : vector<{LANES}xf32> from {rows}" for i in range(chunks)
-    ]
-
-
-def _sum_tree() -> list[str]:
-    """Lines reducing the 8 positions' partial sums %d0..%d7 (LANES = 16 lanes each) to `%sc`, their 8
-    scores, by halving: each level adds the two halves of every sum's lanes, two sums per vector
-    (3 shuffles and adds per pair instead of a horizontal reduction per position)."""
-    v, lines = f"vector<{LANES}xf32>", []
-    level = [f"%d{j}" for j in range(8)]
-    width = LANES  # lanes per sum in the inputs of this level
-    n = 0
-    while len(level) > 1:
-        half, nxt = width // 2, []
-        for a, b in zip(level[::2], level[1::2], strict=True):
-            per = LANES // width  # sums per input vector
-            lo = [base + s * width + i for base in (0, LANES) for s in range(per) for i in range(half)]
-            hi = [x + half for x in lo]
-            out = f"%st{n}"
-            lines += [
-                f"{out}l = vector.shuffle {a}, {b} {lo} : {v}, {v}",
-                f"{out}h = vector.shuffle {a}, {b} {hi} : {v}, {v}",
-                f"{out} = arith.addf {out}l, {out}h : {v}",
-            ]
-            nxt.append(out)
-            n += 1
-        level, width = nxt, half
-    # one vector of 8 sums, `width` (2) lanes each, side by side
-    even = list(range(0, LANES, 2))
-    return [
-        *lines,
-        f"%ste = vector.shuffle {level[0]}, {level[0]} {even} : {v}, {v}",
-        f"%sto = vector.shuffle {level[0]}, {level[0]} {[x + 1 for x in even]} : {v}, {v}",
-        "%sc = arith.addf %ste, %sto : vector<8xf32>",
-    ]
 
 
 def argmax_rows(b: Body, logits: str, vocab: int) -> str:

@@ -1,20 +1,25 @@
-// Decode attention for the CPU (compiler/paged.py): one new token per row, each row its own
-// sequence, a dispatch written by hand. Workgroup w takes row t = w / H and query head h = w % H
-// (KV head g = h / G): it reads the row's cached K and V rows straight from the slot-major slab
-// cache[ctx[t, s], layer, 0|1, g] with one vector load each, 8 positions at a time, and keeps an
-// online softmax (running max m, denominator l, weighted sum acc) that starts from the row's own
-// new key and value, which are never masked, so m is always finite. Positions s >= len[t] and
-// those WINDOW or more behind len[t] are masked; blocks past len[t] are not read at all, so a row
-// costs the same alone and in a batch. q is multiplied by SCALE before the dot products; each
-// position's dot product is kept as 16 lane sums and the 8 positions' sums are finished together
-// by a tree of shuffles (compiler/paged.py `_sum_tree`).
-// Placeholders: NAME, H, G, HD, HHD, HKV, L, SCALE, WINDOW, DT (the slab's element type: f16 rows
-// are widened to f32 as they are loaded), QCHUNKS (q in pieces of 16 lanes), SCORES (the 8 score
-// lines, ending with %sc, the 8 scores), VALUES (the 8 value lines).
+// Decode attention for the CPU (compiler/attention_cpu.py): one new token per row, each row its own
+// sequence, a dispatch written by hand. Workgroup w takes row t = w / HKV and KV head g = w % HKV
+// with its G query heads h = g * G + i: it reads each cached position's slot, K row and V row once
+// for all G heads (straight from the slot-major slab cache[ctx[t, s], layer, 0|1, g], one vector
+// load each, 8 positions at a time) and keeps one online softmax per head (running max m,
+// denominator l, weighted sum acc) that starts from the row's own new key and value, which are
+// never masked, so m is always finite. Positions s >= len[t] and those WINDOW or more behind
+// len[t] are masked; blocks past len[t] are not read at all, so a row costs the same alone and in
+// a batch. q is multiplied by SCALE before the dot products; each position's dot product is kept
+// as 16 lane sums and the 8 positions' sums are finished together by a tree of shuffles. Each
+// head's operations are those of a dispatch of its own, in the same order: the heads only share
+// their loads.
+// Placeholders: NAME, HKV, HD, HHD, L, DT (the slab's element type: f16 rows are widened to f32 as
+// they are loaded), HEADS (per head: q loaded, scaled and cut into 16-lane pieces, the new key's
+// score), NRES, ITER_INIT, ITER_TYPES, YIELD (m, l, acc of each head), KEYS (the 8 positions' slots
+// and K rows), SCORES (per head: the 8 scores %sc_hI), SOFTMAX (per head: the block's
+// probabilities %p_hI and the rescaled sum %a0_hI), VALUES (the 8 V rows and each head's sums),
+// STORES (each head's output).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(%tw: index) -> (index, index, index) {
-    %ch = arith.constant ${H} : index
-    %x = arith.muli %tw, %ch : index
+    %chkv = arith.constant ${HKV} : index
+    %x = arith.muli %tw, %chkv : index
     %c1 = arith.constant 1 : index
     stream.return %x, %c1, %c1 : index, index, index
   }
@@ -34,22 +39,14 @@ stream.executable private @${NAME}_ex {
       %len = stream.binding.subspan %b_len[%c0] : !stream.binding -> memref<?xi32>{%tn}
       %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<?x${HHD}xf32>{%tn}
       %id = stream.dispatch.workgroup.id[0] : index
-      %ch = arith.constant ${H} : index
-      %cg = arith.constant ${G} : index
-      %chd = arith.constant ${HD} : index
-      %t = arith.divui %id, %ch : index
-      %h = arith.remui %id, %ch : index
-      %g = arith.divui %h, %cg : index
-      %qoff = arith.muli %h, %chd : index
+      %chkv = arith.constant ${HKV} : index
+      %t = arith.divui %id, %chkv : index
+      %g = arith.remui %id, %chkv : index
       %scale = arith.constant ${SCALE} : f32
       %scv = vector.broadcast %scale : f32 to vector<${HD}xf32>
-      %q0 = vector.load %q[%t, %qoff] : memref<?x${HHD}xf32>, vector<${HD}xf32>
-      %qs = arith.mulf %q0, %scv : vector<${HD}xf32>
-${QCHUNKS}
       %knv = vector.load %kn[%t, %g, %c0] : memref<?x${HKV}x${HD}xf32>, vector<${HD}xf32>
       %vnv = vector.load %vn[%t, %g, %c0] : memref<?x${HKV}x${HD}xf32>, vector<${HD}xf32>
-      %pn = arith.mulf %qs, %knv : vector<${HD}xf32>
-      %snew = vector.reduction <add>, %pn fastmath<reassoc> : vector<${HD}xf32> into f32
+${HEADS}
       %n32 = memref.load %len[%t] : memref<?xi32>
       %n = arith.index_cast %n32 : i32 to index
       %n7 = arith.addi %n, %c7 : index
@@ -62,8 +59,9 @@ ${QCHUNKS}
       %iota = arith.constant dense<[0, 1, 2, 3, 4, 5, 6, 7]> : vector<8xi32>
       %nv = vector.broadcast %n32 : i32 to vector<8xi32>
       %win = arith.constant dense<${WINDOW}> : vector<8xi32>
-      %res:3 = scf.for %s0 = %c0 to %ub step %c8 iter_args(%m = %snew, %l = %one, %acc = %vnv)
-          -> (f32, f32, vector<${HD}xf32>) {
+${WARM}
+      %res:${NRES} = scf.for %s0 = %c0 to %ub step %c8 iter_args(${ITER_INIT}) -> (${ITER_TYPES}) {
+${KEYS}
 ${SCORES}
         %s0i = arith.index_cast %s0 : index to i32
         %s0v = vector.broadcast %s0i : i32 to vector<8xi32>
@@ -72,25 +70,11 @@ ${SCORES}
         %dist = arith.subi %nv, %posv : vector<8xi32>
         %near = arith.cmpi ult, %dist, %win : vector<8xi32>
         %ok = arith.andi %inside, %near : vector<8xi1>
-        %scm = arith.select %ok, %sc, %ninf : vector<8xi1>, vector<8xf32>
-        %bm = vector.reduction <maximumf>, %scm : vector<8xf32> into f32
-        %mn = arith.maximumf %m, %bm : f32
-        %dm = arith.subf %m, %mn : f32
-        %corr = math.exp %dm : f32
-        %mnv = vector.broadcast %mn : f32 to vector<8xf32>
-        %e = arith.subf %scm, %mnv : vector<8xf32>
-        %p = math.exp %e : vector<8xf32>
-        %psum = vector.reduction <add>, %p fastmath<reassoc> : vector<8xf32> into f32
-        %l2 = math.fma %l, %corr, %psum : f32
-        %corrv = vector.broadcast %corr : f32 to vector<${HD}xf32>
-        %a0 = arith.mulf %acc, %corrv : vector<${HD}xf32>
+${SOFTMAX}
 ${VALUES}
-        scf.yield %mn, %l2, %a8 : f32, f32, vector<${HD}xf32>
+        scf.yield ${YIELD} : ${ITER_TYPES}
       }
-      %inv = arith.divf %one, %res#1 : f32
-      %invv = vector.broadcast %inv : f32 to vector<${HD}xf32>
-      %out = arith.mulf %res#2, %invv : vector<${HD}xf32>
-      vector.store %out, %y[%t, %qoff] : memref<?x${HHD}xf32>, vector<${HD}xf32>
+${STORES}
       return
     }
   }
