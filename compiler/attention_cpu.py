@@ -25,6 +25,7 @@ LANES = 16  # f32 lanes of the partial dot products (one 512-bit vector)
 # with the prefetch in the loop only, 0.78-0.84 with the first positions too, against 1.54 without
 # any; 8 ahead 1.07-1.12, 32 ahead (in the loop only) 1.25-1.31; 24 within noise of 16.
 AHEAD = 16
+REGISTER_LANES = 192  # a workgroup's q and sums over its heads: 2 x 12 of the 32 512-bit registers
 
 
 def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: int, dt: str) -> str:
@@ -32,6 +33,7 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
     slab of `dt` (f16 rows are widened to f32 as they are loaded)."""
     heads, heads_kv, hd = hp.head_count, hp.head_count_kv, hp.key_length
     group = heads // heads_kv
+    per = heads_per_workgroup(group, hd)
     hhd = heads * hd
     mem = f"memref<?x{hp.block_count}x2x{heads_kv}x{hd}x{dt}>"
     chunks = hd // LANES if hd % LANES == 0 else 0  # 16-lane pieces of a head, or 0: whole-head sums
@@ -43,12 +45,11 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
             return [f"{out} = vector.load {at}, {vec}"]
         return [f"{out}h = vector.load {at}, vector<{hd}x{dt}>", f"{out} = arith.extf {out}h : vector<{hd}x{dt}> to {vec}"]
 
-    hs = [f"_h{i}" for i in range(group)]  # the suffix of each head's values
+    hs = [f"_h{i}" for i in range(per)]  # the suffix of each head's values
     prologue, keys, scores, softmax, values, stores = [], [], [], [], [], []
     for i, s in enumerate(hs):
         prologue += [
-            f"%gh{s} = arith.muli %g, %c{group}g : index",
-            f"%h{s} = arith.addi %gh{s}, %c{i}g : index",
+            f"%h{s} = arith.addi %h0, %c{i}g : index",
             f"%qoff{s} = arith.muli %h{s}, %c{hd}d : index",
             f"%q0{s} = vector.load %q[%t, %qoff{s}] : memref<?x{hhd}xf32>, {vec}",
             f"%qs{s} = arith.mulf %q0{s}, %scv : {vec}",
@@ -57,7 +58,7 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
             f"%snew{s} = vector.reduction <add>, %pn{s} fastmath<reassoc> : {vec} into f32",
         ]
     warm = _warm(mem, hd, dt)
-    consts = sorted({f"%c{i}g = arith.constant {i} : index" for i in (*range(group), group)})
+    consts = [f"%c{i}g = arith.constant {i} : index" for i in range(per)]
     prologue = [*consts, f"%c{hd}d = arith.constant {hd} : index", *prologue]
     keys = [f"%c{j}x = arith.constant {j} : index" for j in range(8)]
     for j in range(8):
@@ -108,8 +109,9 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
             f"vector.store %out{s}, %y[%t, %qoff{s}] : memref<?x{hhd}xf32>, {vec}",
         ]
     executable = template("attention_decode.mlir").substitute(
-        NAME=name, HD=str(hd), HHD=str(hhd), HKV=str(heads_kv), L=str(hp.block_count),
-        SCALE=f32_const(scale), WINDOW=str(win), DT=dt, NRES=str(3 * group),
+        NAME=name, NWG=str(heads // per), PER=str(per), G=str(group), HD=str(hd), HHD=str(hhd),
+        HKV=str(heads_kv), L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win), DT=dt,
+        NRES=str(3 * per),
         ITER_INIT=", ".join(f"%m{s} = %snew{s}, %l{s} = %one, %acc{s} = %vnv" for s in hs),
         ITER_TYPES=", ".join(f"f32, f32, {vec}" for _ in hs),
         YIELD=", ".join(f"%mn{s}, %l2{s}, %a8{s}" for s in hs),
@@ -117,6 +119,14 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
         SOFTMAX=_indent(softmax, 8), VALUES=_indent(values, 8), STORES=_indent(stores, 6),
     )  # fmt: skip
     return executable + _dispatcher(name, hp, t, dt)
+
+
+def heads_per_workgroup(group: int, hd: int) -> int:
+    """Query heads per workgroup: the most of a KV head's `group` (a divisor of it) whose q and
+    running sums stay in registers (`REGISTER_LANES` f32 lanes of each). Gemma 3 (4 heads of 256
+    over one KV head) with all 4 in one workgroup spilled and had one workgroup per row: its
+    8-row step at 1,000 positions went from 7.9 to 9.2 ms."""
+    return max(p for p in range(1, group + 1) if group % p == 0 and (p == 1 or p * hd <= REGISTER_LANES))
 
 
 def _prefetch(mem: str, hd: int, dt: str) -> list[str]:
@@ -134,10 +144,15 @@ def _prefetch(mem: str, hd: int, dt: str) -> list[str]:
 
 
 def _warm(mem: str, hd: int, dt: str) -> list[str]:
-    """Before the loop: the prefetches of the first `AHEAD` positions, which no block fetches ahead."""
+    """Before the loop: the prefetches of its first `AHEAD` positions (from `%lb`, the first block
+    inside the window), which no block fetches ahead."""
     lines = []
     for j in range(AHEAD):
-        lines += [f"%w{j}c = arith.constant {j} : index", *_prefetch_position(f"%w{j}c", f"w{j}", mem, hd, dt)]
+        lines += [
+            f"%w{j}c = arith.constant {j} : index",
+            f"%w{j}u = arith.addi %lb, %w{j}c : index",
+            *_prefetch_position(f"%w{j}u", f"w{j}", mem, hd, dt),
+        ]
     return lines
 
 
