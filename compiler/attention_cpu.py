@@ -1,9 +1,10 @@
 """Decode attention on the CPU: the hand-written online-softmax dispatch (mlir/attention_decode.mlir)
 and the private func that dispatches it.
 
-Owns: `render_decode_attention`. One workgroup per row and KV head: the G query heads that share a
-KV head (GQA) share its reads (each position's slot, K row and V row, widened from f16 once), and
-each head keeps its own softmax with the operations, in the order, of a workgroup of its own, so
+Owns: `render_decode_attention`, `heads_per_workgroup`. A workgroup takes one row and several
+query heads of one KV head (GQA; as many as fit in registers: all 3 of a KV head on SmolLM2, one
+of Gemma 3's 256-wide heads), which share its reads (each position's slot, K row and V row,
+widened from f16 once); blocks wholly behind a sliding window are skipped; and each head keeps its own softmax with the operations, in the order, of a workgroup of its own, so
 results do not depend on the grouping (the outputs are bit for bit those of the kernel with a
 workgroup per query head, which read each K/V row G times). The K/V rows of a position are a slot
 apart (every layer's rows in between) and come from memory once the weights have gone through the
