@@ -15,7 +15,8 @@ subprocesses on loopback, each with the bundled SmolLM2 Q4_1, and measures with 
    sent to the last stream done), as a ratio to one stream's aggregate (the same measure: both
    count the prompts and the first tokens' wait) and to its decode rate (which counts neither),
    and the worst time to first token;
-3. time to first token of a new request while 7 others stream, against its idle value;
+3. time to first token of a new request while 7 others stream, against its idle value (and how
+   many of them were still streaming when it came);
 4. a chat follow-up turn over a ~1,000-token history: with `session_id` (zinc) after the first turn,
    against the same follow-up sent cold (its first message differs, so nothing is reused).
 Medians of --runs runs; progress on stderr, markdown on stdout and --out.
@@ -57,6 +58,9 @@ PROMPTS = [
     "Explain the rules of chess to a beginner, piece by piece. The king",
     "Describe a walk through a forest in autumn, in great detail. The path",
 ]
+# the 7 that run to 512 tokens, for the streams a new request comes among (SmolLM2 ends the second
+# of PROMPTS, the planets, after 177)
+LONG = [PROMPTS[0], *PROMPTS[2:]]
 # neither prompt shares a prefix with the ones above, so no server reuses a cached prompt for them
 WARM_UP = "Hello, how are you today?"
 PROBE = "Name the colors of the rainbow and say where each one comes from. Red"
@@ -280,11 +284,14 @@ def concurrent(port: int, n_streams: int, tokens: int) -> tuple[float, float, in
     return sum(s.tokens for s in out) / wall, max(s.ttft for s in out), short
 
 
-def ttft_under_load(port: int, tokens: int) -> float:
+def ttft_under_load(port: int, tokens: int) -> tuple[float, int]:
     """Time to first token of a new request sent while 7 others stream (1 s after them: they are
-    past their prompts and decoding)."""
-    background = [(0.0, "/v1/completions", completion_body(p, tokens * 3)) for p in PROMPTS[:7]]
-    return streams(port, [*background, (1.0, "/v1/completions", completion_body(PROBE, 4))])[-1].ttft
+    past their prompts and decoding), and how many of the 7 were still streaming when it came.
+    They ask for 8x `tokens` (at 3x, before, zinc's streams could end by 1 s) with the 7 prompts that
+    run that long."""
+    background = [(0.0, "/v1/completions", completion_body(p, tokens * 8)) for p in LONG]
+    *others, probe = streams(port, [*background, (1.0, "/v1/completions", completion_body(PROBE, 4))])
+    return probe.ttft, sum(s.last > probe.first for s in others)
 
 
 def history(seed: int) -> list[dict[str, str]]:
@@ -372,7 +379,9 @@ def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
             short += cut
         add("short", float(short))
         add("idle_ttft", completion(port, PROBE, 4).ttft)
-        add("load_ttft", ttft_under_load(port, tokens))
+        load_ttft, running = ttft_under_load(port, tokens)
+        add("load_ttft", load_ttft)
+        add("load_running", float(running))
         warm, cold, cached, prompt_tokens = session_follow_up(port, server.name == "zinc", 10 * run + 1)
         add("follow_prompt", float(prompt_tokens))
         add("follow_warm", warm)
@@ -414,6 +423,7 @@ def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) ->
         row("... x one stream's decode rate", "d8", ".2f"),
         row("8 streams: worst time to first token (s)", "ttft_8", ".3f"),
         row("new request while 7 stream: time to first token (s)", "load_ttft", ".3f"),
+        row("... streams of the 7 still streaming when it came", "load_running", ".0f", "7"),
         row("... x its idle value", "load_x", ".2f", "<= 2"),
         row("session follow-up (~1,000-token history): time to first token (s)", "follow_warm", ".3f"),
         row("the same follow-up cold (s)", "follow_cold", ".3f"),
