@@ -116,7 +116,7 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
         ITER_INIT=", ".join(f"%m{s} = %snew{s}, %l{s} = %one, %acc{s} = %vnv" for s in hs),
         ITER_TYPES=", ".join(f"f32, f32, {vec}" for _ in hs),
         YIELD=", ".join(f"%mn{s}, %l2{s}, %a8{s}" for s in hs),
-        HEADS=_indent(prologue, 6), WARM=_indent(warm, 6), KEYS=_indent(keys, 8), SCORES=_indent(scores, 8),
+        HEADS=_indent(prologue, 6), WARM=_indent(warm, 8), KEYS=_indent(keys, 8), SCORES=_indent(scores, 8),
         SOFTMAX=_indent(softmax, 8), VALUES=_indent(values, 8), STORES=_indent(stores, 6),
     )  # fmt: skip
     return executable + _dispatcher(name, hp, t, dt)

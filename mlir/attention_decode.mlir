@@ -73,7 +73,10 @@ ${HEADS}
       %lbs = arith.select %far, %lbw, %c0 : index
       %lbb = arith.divui %lbs, %c8 : index
       %lb = arith.muli %lbb, %c8 : index
+      %reads = arith.cmpi ult, %lb, %ub : index
+      scf.if %reads {  // ctx has a column to read (the loop runs at least once)
 ${WARM}
+      }
       %res:${NRES} = scf.for %s0 = %lb to %ub step %c8 iter_args(${ITER_INIT}) -> (${ITER_TYPES}) {
 ${KEYS}
 ${SCORES}
