@@ -232,10 +232,13 @@ def streams(port: int, jobs: Sequence[tuple[float, str, dict[str, Any]]]) -> lis
             now = time.perf_counter()
             if now > deadline:
                 raise RuntimeError("a request did not finish in time")
+            due = []  # connected first, then sent back to back: requests "sent at once" arrive so
             while pending and pending[0][0] <= now - t0:
                 _, _, ex = pending.pop(0)
                 sock = socket.create_connection((HOST, port), timeout=REQUEST_TIMEOUT_S)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                due.append((sock, ex))
+            for sock, ex in due:
                 ex.out.sent = time.perf_counter()
                 sock.sendall(ex.request)
                 sock.setblocking(False)
