@@ -47,8 +47,14 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
         return [f"{out}h = vector.load {at}, vector<{hd}x{dt}>", f"{out} = arith.extf {out}h : vector<{hd}x{dt}> to {vec}"]
 
     hs = [f"_h{i}" for i in range(per)]  # the suffix of each head's values
-    prologue, keys, scores, softmax, values, stores = [], [], [], [], [], []
+    prologue, scores, softmax, values, stores = [], [], [], [], []
     for i, s in enumerate(hs):
+        stores += [
+            f"%inv{s} = arith.divf %one, %res#{3 * i + 1} : f32",
+            f"%invv{s} = vector.broadcast %inv{s} : f32 to {vec}",
+            f"%out{s} = arith.mulf %res#{3 * i + 2}, %invv{s} : {vec}",
+            f"vector.store %out{s}, %y[%t, %qoff{s}] : memref<?x{hhd}xf32>, {vec}",
+        ]
         prologue += [
             f"%h{s} = arith.addi %h0, %c{i}g : index",
             f"%qoff{s} = arith.muli %h{s}, %c{hd}d : index",
@@ -60,7 +66,8 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
         ]
     warm = _warm(mem, hd, dt)
     consts = [f"%c{i}g = arith.constant {i} : index" for i in range(per)]
-    prologue = [*consts, f"%c{hd}d = arith.constant {hd} : index", *prologue]
+    lines = [f"%e{e} = arith.constant {e} : index" for e in _line_offsets(hd, dt)]  # used by the prefetches
+    prologue = [*consts, *lines, f"%c{hd}d = arith.constant {hd} : index", *prologue]
     keys = [f"%c{j}x = arith.constant {j} : index" for j in range(8)]
     for j in range(8):
         keys += [
@@ -102,13 +109,6 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
                 f"%pv{j}{s} = vector.broadcast %p{j}{s} : f32 to {vec}",
                 f"%a{j + 1}{s} = math.fma %pv{j}{s}, %v{j}, %a{j}{s} : {vec}",
             ]
-    for i, s in enumerate(hs):
-        stores += [
-            f"%inv{s} = arith.divf %one, %res#{3 * i + 1} : f32",
-            f"%invv{s} = vector.broadcast %inv{s} : f32 to {vec}",
-            f"%out{s} = arith.mulf %res#{3 * i + 2}, %invv{s} : {vec}",
-            f"vector.store %out{s}, %y[%t, %qoff{s}] : memref<?x{hhd}xf32>, {vec}",
-        ]
     executable = template("attention_decode.mlir").substitute(
         NAME=name, NWG=str(heads // per), PER=str(per), G=str(group), HD=str(hd), HHD=str(hhd),
         HKV=str(heads_kv), L=str(hp.block_count), SCALE=f32_const(scale), WINDOW=str(win), DT=dt,
@@ -137,8 +137,6 @@ def _prefetch(mem: str, hd: int, dt: str) -> list[str]:
     never faults). The rows sit a slot apart (every layer's K/V in between), so no hardware
     prefetcher finds them, and after the weights have gone through the caches each one is a
     miss."""
-    if not AHEAD:
-        return []
     lines = [f"%cpa = arith.constant {AHEAD} : index"]
     for j in range(8):
         lines += [f"%pa{j}u = arith.addi %sp{j}u, %cpa : index", *_prefetch_position(f"%pa{j}u", f"p{j}", mem, hd, dt)]
@@ -160,19 +158,18 @@ def _warm(mem: str, hd: int, dt: str) -> list[str]:
 
 def _prefetch_position(pos: str, tag: str, mem: str, hd: int, dt: str) -> list[str]:
     """Prefetches of the K and V row at position `pos` (clamped to ctx's last column)."""
-    per_line = 64 // (2 if dt == "f16" else 4)  # elements per 64-byte line
-    lines = [
+    return [
         f"%{tag}p = arith.minui {pos}, %slast : index",
         f"%{tag}si = memref.load %ctx[%t, %{tag}p] : memref<?x?xi32>",
         f"%{tag}s = arith.index_cast %{tag}si : i32 to index",
-    ]
-    for part in ("%c0", "%c1"):
-        for e in range(0, hd, per_line):
-            lines += [
-                f"%{tag}e{e}{part[2:]} = arith.constant {e} : index",
-                f"memref.prefetch %cache[%{tag}s, %layer, {part}, %g, %{tag}e{e}{part[2:]}], read, locality<3>, data : {mem}",
-            ]
-    return lines
+        *(f"memref.prefetch %cache[%{tag}s, %layer, {part}, %g, %e{e}], read, locality<3>, data : {mem}"
+          for part in ("%c0", "%c1") for e in _line_offsets(hd, dt)),
+    ]  # fmt: skip
+
+
+def _line_offsets(hd: int, dt: str) -> range:
+    """The element offsets of a K or V row's 64-byte lines."""
+    return range(0, hd, 64 // (2 if dt == "f16" else 4))
 
 
 def _indent(lines: list[str], n: int) -> str:
