@@ -17,7 +17,7 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
     `vpdpbusd` (`lanes`, `wide_enabled()`): the same layout, half the instructions per product;
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
-Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply.
+Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply, into L2.
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
 (docs/PERFORMANCE.md, History), which is why these kernels name the instructions.
 Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.errors.
@@ -41,10 +41,11 @@ DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}
 # scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's weights are
 # signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
 F32_SCALES = ("Q4_K", "Q6_K")
-# the types with a 512-bit form; not Q8_0, which reads twice the bytes per product: its batch
-# kernels are bound by the reading, and two groups' streams at once made them slower (SmolLM2's
-# output head in a batch of 4: 785 -> 900 us; Gemma 3's 5.0 -> 5.6 ms)
-WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K")
+# the types with a 512-bit form: all. Q8_0 reads twice the bytes per product and was left out
+# while the quants were prefetched into L1 (two groups' streams at once made SmolLM2's output head
+# in a batch of 4 slower, 785 -> 900 us); prefetched into L2, its wide form is no slower for 4 rows
+# and faster for 8: SmolLM2's step 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
+WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk). Each one
 # quantizes its activation rows again, so more of them cost more for more rows: one token reads
@@ -53,11 +54,15 @@ PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # 4 rows 3.1 -> 2.83 ms, 8 rows 4.5 -> 3.81 ms, 4 streams in the server 1,020 -> 1,068 tok/s;
 # 512-token prefill 290 -> 230 ms with 2). A batch gets at least one workgroup per CPU (`_workgroups`).
 DECODE_WORKGROUPS, BATCH_WORKGROUPS, PREFILL_WORKGROUPS = 16, 2, 2
-# Software prefetch of the quants this many blocks ahead (2 KB for the 4-bit types): with the
-# hardware prefetcher alone the kernels still wait on their reads. SmolLM2 decode step through
-# ModelSession, 1 / 4 / 8 rows: 3.02 / 3.45 / 4.71 -> 2.60 / 3.30 / 4.36 ms; 8 blocks ahead
-# helped less, 32 no more; prefetching the scale planes too, no more (docs/PERFORMANCE.md, History).
-PREFETCH_BLOCKS = 16
+# Software prefetch of the quants this many blocks ahead (8 KB for the 4-bit types) into L2
+# (`PREFETCH_LOCALITY` 2: prefetcht1): with the hardware prefetcher alone the kernels still wait on
+# their reads. 16 blocks ahead into L1 (prefetcht0) took SmolLM2's step of 1 / 4 / 8 rows from
+# 3.02 / 3.45 / 4.71 to 2.60 / 3.30 / 4.36 ms, but left the batch kernels waiting on memory: an L1
+# prefetch holds one of the core's few L1 miss buffers until its line comes. Into L2, 64 ahead:
+# 2.49 / 2.99 / 4.25 -> 2.46 / 2.61 / 3.82 ms (32 ahead: 2.45 / 2.75 / 3.98; 128: 2.58 / 2.77 /
+# 3.90); Gemma 3: 4.78 / 6.17 / 9.73 -> 4.51 / 5.85 / 9.53 ms (docs/PERFORMANCE.md, History).
+PREFETCH_BLOCKS = 64
+PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefetcht1 (L2)
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
@@ -416,7 +421,7 @@ def _prefetch_lines(q: QuantType, v: int) -> list[str]:
     lines = [f"%cpf = arith.constant {ahead} : index", "%bpf = arith.addi %b, %cpf : index"]
     for g in ("%g",) if v == G else ("%ga", "%gb"):
         lines += [
-            f"memref.prefetch %wq[{g}, %bpf, %c{s}, %c0], read, locality<3>, data : memref<${{QS}}>"
+            f"memref.prefetch %wq[{g}, %bpf, %c{s}, %c0], read, locality<{PREFETCH_LOCALITY}>, data : memref<${{QS}}>"
             for s in range(0, DOT8_TYPES[q.name], 2)  # two 32-byte loads per line
         ]
     return lines

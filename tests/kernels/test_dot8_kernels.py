@@ -172,10 +172,11 @@ def test_prefetch_changes_no_result(qtype: str, monkeypatch: pytest.MonkeyPatch)
     planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
     x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32)
     outs = []
-    for ahead in ("16", "0"):
+    for ahead in (str(dot8.PREFETCH_BLOCKS), "0"):
         monkeypatch.setenv("ZINC_CPU_PREFETCH", ahead)
         text = kernel_module(qtype, n, k)
         assert ("memref.prefetch" in text) == (ahead != "0")
+        assert ("locality<2>" in text) == (ahead != "0")  # into L2
         mod = LoadedModule(compile_mlir(text, spec.target), spec.uri, parameter_arrays=planes)
         outs.append([to_host(mod.fn(f)(mod.to_device(x[:r])), mod.device) for f, r in (("mv", 1), ("b9", 9), ("mm", 9))])
     for with_prefetch, without in zip(*outs, strict=True):
