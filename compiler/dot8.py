@@ -47,13 +47,14 @@ F32_SCALES = ("Q4_K", "Q6_K")
 # and faster for 8: SmolLM2's step 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
 WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
-# Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk). Each one
-# quantizes its activation rows again, so more of them cost more for more rows: one token reads
-# the weights and gains from the balance of 16; a batch of 4 or 8 and a prompt chunk gain from
-# fewer (2 cores: SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4, and with 2 rows at 48 positions
-# 4 rows 3.1 -> 2.83 ms, 8 rows 4.5 -> 3.81 ms, 4 streams in the server 1,020 -> 1,068 tok/s;
-# 512-token prefill 290 -> 230 ms with 2). A batch gets at least one workgroup per CPU (`_workgroups`).
-DECODE_WORKGROUPS, BATCH_WORKGROUPS, PREFILL_WORKGROUPS = 16, 2, 2
+# Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk), at least one
+# per usable CPU (`_workgroups`). Each one quantizes its activation rows again and runs its own
+# prefetch stream, which reaches `PREFETCH_BLOCKS` ahead only after its first blocks, so fewer and
+# longer ones do better: 2 cores, SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4 instead of 16, and
+# with 2, 4 rows 3.1 -> 2.83 ms, 8 rows 4.5 -> 3.81 ms; 512-token prefill 290 -> 230 ms. One token
+# kept 16 until its quants were prefetched 64 blocks ahead, longer than a sixteenth of most of
+# SmolLM2's matrices: with 2 its step went 2.45 -> 2.12 ms (4: 2.23, 8: 2.27; Gemma 3 even).
+DECODE_WORKGROUPS, PREFILL_WORKGROUPS = 2, 2
 # Software prefetch of the quants this many blocks ahead (8 KB for the 4-bit types) into L2
 # (`PREFETCH_LOCALITY` 2: prefetcht1): with the hardware prefetcher alone the kernels still wait on
 # their reads. 16 blocks ahead into L1 (prefetcht0) took SmolLM2's step of 1 / 4 / 8 rows from
@@ -121,16 +122,15 @@ def lanes(q: QuantType, n: int, rows: int) -> int:
     return 16 if wide and (n // G) % 2 == 0 else 8
 
 
-def _workgroups(rows: int, prefill: bool) -> int:
-    """Workgroups for a kernel over `rows` activation rows (per tile for a prompt chunk, whose
-    tiles already give a 128-token chunk 32 workgroups); a batch has at least one per usable CPU
-    of the host the artifact is compiled for (and served on: it targets the host's CPU)."""
+def _workgroups(prefill: bool) -> int:
+    """Workgroups for a kernel (per tile for a prompt chunk, whose
+    tiles already give a 128-token chunk 32 workgroups); a decode kernel, of one row or a batch,
+    has at least one per usable CPU of the host the artifact is compiled for (and served on: it
+    targets the host's CPU)."""
     if prefill:
         return PREFILL_WORKGROUPS
-    if rows == 1:
-        return DECODE_WORKGROUPS
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(BATCH_WORKGROUPS, cpus)
+    return max(DECODE_WORKGROUPS, cpus)
 
 
 def supports(q: QuantType, n: int, k: int) -> bool:
@@ -540,7 +540,7 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = lanes(q, n, r)
     units = ng // (v // G)  # the loop's steps: groups, or pairs of groups side by side
-    per_wg = max(1, -(-units // _workgroups(r, prefill)))
+    per_wg = max(1, -(-units // _workgroups(prefill)))
     nwg = -(-units // per_wg)
     types = plane_types(q, n, k)
     dscale = _scale_load(q, "%wd", "%dw", v)
