@@ -123,10 +123,9 @@ def lanes(q: QuantType, n: int, rows: int) -> int:
 
 
 def _workgroups(prefill: bool) -> int:
-    """Workgroups for a kernel (per tile for a prompt chunk, whose
-    tiles already give a 128-token chunk 32 workgroups); a decode kernel, of one row or a batch,
-    has at least one per usable CPU of the host the artifact is compiled for (and served on: it
-    targets the host's CPU)."""
+    """Workgroups for a kernel: per tile for a prompt chunk (its tiles already give a 128-token
+    chunk 32 workgroups); for a decode kernel, of one row or a batch, at least one per usable CPU
+    of the host the artifact is compiled for (and served on: it targets the host's CPU)."""
     if prefill:
         return PREFILL_WORKGROUPS
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
