@@ -280,6 +280,13 @@ class Body:
         return self.call(f"{op}_{suffix}", [(a, self.act(d)), (b, self.act(d))], self.act(d), hint)
 
     def argmax(self, logits: str, vocab: int) -> str:
+        if self.mod.tiled and vocab % ARGMAX_LANES == 0:  # the CPU: scanned in vectors
+            rows = self.fresh("rows")
+            self.emit(f"{rows} = tensor.cast {logits} : tensor<1x{vocab}xf32> to tensor<?x{vocab}xf32>")
+            tokens = argmax_cpu(self, rows, vocab)
+            token = self.fresh("token")
+            self.emit(f"{token} = tensor.cast {tokens} : tensor<?xi32> to tensor<1xi32>")
+            return token
         name = self.mod.helper(
             f"argmax_{vocab}", template("argmax.mlir").substitute(NAME=f"argmax_{vocab}", V=str(vocab))
         )
@@ -379,6 +386,17 @@ class Body:
 
 
 NO_WINDOW = 2**31 - 1  # an attention window no position distance reaches
+ARGMAX_LANES = 16  # the CPU argmax's vector (mlir/argmax_cpu.mlir)
+
+
+def argmax_cpu(b: Body, logits: str, vocab: int) -> str:
+    """The greedy token of every row of logits [T, V] on the CPU (V a multiple of `ARGMAX_LANES`):
+    the hand-written dispatch of mlir/argmax_cpu.mlir, one workgroup per row."""
+    name = b.mod.helper(
+        f"argmax_cpu_{vocab}",
+        template("argmax_cpu.mlir").substitute(NAME=f"argmax_cpu_{vocab}", V=str(vocab), C=str(vocab // ARGMAX_LANES)),
+    )
+    return b.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
 
 def _sym(x: float) -> str:

@@ -15,7 +15,7 @@ Imports: zinc.compiler.attention_cpu, zinc.compiler.emitter, zinc.compiler.kerne
 from __future__ import annotations
 
 from zinc.compiler.attention_cpu import render_decode_attention
-from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
+from zinc.compiler.emitter import ARGMAX_LANES, NO_WINDOW, Body, _sym, argmax_cpu, f32_const
 from zinc.compiler.kernels import t_dims, template
 from zinc.model.hparams import HParams
 
@@ -128,6 +128,8 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
 
 def argmax_rows(b: Body, logits: str, vocab: int) -> str:
     """The greedy token of every row of logits [T, V] (dynamic T)."""
+    if b.mod.tiled and vocab % ARGMAX_LANES == 0:  # the CPU: scanned in vectors
+        return argmax_cpu(b, logits, vocab)
     name = b.mod.helper(
         f"argmax_rows_{vocab}",
         template("argmax_rows.mlir").substitute(NAME=f"argmax_rows_{vocab}", V=str(vocab)),

@@ -1,0 +1,80 @@
+"""Tier 2: the greedy argmax on the device (compiler/emitter.py `Body.argmax`, paged.argmax_rows).
+
+On the CPU a vocabulary that is a multiple of 16 takes the hand-written dispatch of
+mlir/argmax_cpu.mlir (16 lanes, then the lanes); other vocabularies, and Vulkan, take the linalg
+scan of mlir/argmax.mlir. Every form must give what a first-to-last scan with a strict `>` gives:
+the first index on exact ties, never a NaN, and 0 for a row with nothing above -inf.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import DEVICES
+from zinc.compiler import paged
+from zinc.compiler.emitter import Body, ModuleEmitter
+from zinc.compiler.targets import compile_mlir
+from zinc.runtime.device import to_host
+from zinc.runtime.module import LoadedModule
+
+
+def argmax_module(vocab: int, cpu: bool) -> str:
+    mod = ModuleEmitter(tiled=cpu)  # tiled: the CPU's kernels
+    rows = Body(mod, dynamic=True)
+    out = paged.argmax_rows(rows, "%x", vocab)
+    one = Body(mod, dynamic=False)
+    token = one.argmax("%x", vocab)
+    lines = [f"func.func @rows(%x: tensor<?x{vocab}xf32>) -> tensor<?xi32> {{", *rows.lines]
+    lines += [f"  return {out} : tensor<?xi32>", "}"]
+    lines += [f"func.func @one(%x: tensor<1x{vocab}xf32>) -> tensor<1xi32> {{", *one.lines]
+    lines += [f"  return {token} : tensor<1xi32>", "}"]
+    mod.entries.append("\n".join(lines))
+    return mod.text("argmax")
+
+
+def scan(row: np.ndarray) -> int:
+    """The reference: the first index whose value is larger than every one before it and than -inf."""
+    best, at = -np.inf, 0
+    for j, v in enumerate(row.tolist()):
+        if v > best:
+            best, at = v, j
+    return at
+
+
+def cases(vocab: int) -> np.ndarray:
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((9, vocab)).astype(np.float32)
+    x[1, [5, 37, 46]] = 9.0  # ties in different lanes: the first
+    x[2, [3, 19, 35]] = 9.0  # ties in the same lane (16 apart)
+    x[3, [0, 4]] = np.nan  # NaN first, then a larger value later
+    x[3, 41] = 8.0
+    x[4] = -np.inf  # nothing above -inf: 0
+    x[5] = np.nan  # all NaN: 0
+    x[6, [7, 23]] = np.inf  # +inf twice
+    x[7] = 1.5  # all equal: 0
+    x[8, vocab - 1] = 20.0  # the last one
+    return x
+
+
+@pytest.mark.parametrize("vocab", [160, 50])
+@pytest.mark.parametrize(
+    ("device", "cpu"),
+    [
+        pytest.param("cpu", True, id="cpu"),
+        pytest.param("cpu", False, id="cpu-linalg"),
+        pytest.param("vulkan", False, marks=[pytest.mark.vulkan], id="vulkan"),
+    ],
+)
+def test_greedy_argmax_takes_the_first_largest(vocab: int, device: str, cpu: bool) -> None:
+    spec = DEVICES[device]()
+    text = argmax_module(vocab, cpu)
+    assert ("argmax_cpu" in text) == (cpu and vocab % 16 == 0)
+    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    x = cases(vocab)
+    expect = [scan(r) for r in x]
+    got = to_host(mod.fn("rows")(mod.to_device(x)), mod.device)
+    assert got.tolist() == expect
+    for i in range(len(x)):
+        one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1])), mod.device)
+        assert one.tolist() == [expect[i]]
