@@ -280,17 +280,33 @@ class Body:
         return self.call(f"{op}_{suffix}", [(a, self.act(d)), (b, self.act(d))], self.act(d), hint)
 
     def argmax(self, logits: str, vocab: int) -> str:
-        if self.mod.tiled and vocab % ARGMAX_LANES == 0:  # the CPU: scanned in vectors
+        """The greedy token of logits [1, V] (the first on exact ties)."""
+        if self._vector_argmax(vocab):  # the CPU's dispatch takes rows: [1, V] as [?, V]
             rows = self.fresh("rows")
             self.emit(f"{rows} = tensor.cast {logits} : tensor<1x{vocab}xf32> to tensor<?x{vocab}xf32>")
-            tokens = argmax_cpu(self, rows, vocab)
             token = self.fresh("token")
-            self.emit(f"{token} = tensor.cast {tokens} : tensor<?xi32> to tensor<1xi32>")
+            self.emit(f"{token} = tensor.cast {self.argmax_rows(rows, vocab)} : tensor<?xi32> to tensor<1xi32>")
             return token
         name = self.mod.helper(
             f"argmax_{vocab}", template("argmax.mlir").substitute(NAME=f"argmax_{vocab}", V=str(vocab))
         )
         return self.call(name, [(logits, f"tensor<1x{vocab}xf32>")], "tensor<1xi32>", "token")
+
+    def argmax_rows(self, logits: str, vocab: int) -> str:
+        """The greedy token of every row of logits [T, V] (dynamic T): on the CPU the hand-written
+        dispatch of mlir/argmax_cpu.mlir (one workgroup per row, 16 lanes) where V is a multiple of
+        `ARGMAX_LANES`, else the linalg scan of mlir/argmax_rows.mlir (IREE compiles that one
+        element at a time)."""
+        if self._vector_argmax(vocab):
+            name, text = f"argmax_cpu_{vocab}", "argmax_cpu.mlir"
+            subs = {"C": str(vocab // ARGMAX_LANES)}
+        else:
+            name, text, subs = f"argmax_rows_{vocab}", "argmax_rows.mlir", {}
+        self.mod.helper(name, template(text).substitute(NAME=name, V=str(vocab), **subs))
+        return self.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
+
+    def _vector_argmax(self, vocab: int) -> bool:
+        return self.mod.tiled and vocab % ARGMAX_LANES == 0
 
     @property
     def t_tag(self) -> str:
@@ -387,16 +403,6 @@ class Body:
 
 NO_WINDOW = 2**31 - 1  # an attention window no position distance reaches
 ARGMAX_LANES = 16  # the CPU argmax's vector (mlir/argmax_cpu.mlir)
-
-
-def argmax_cpu(b: Body, logits: str, vocab: int) -> str:
-    """The greedy token of every row of logits [T, V] on the CPU (V a multiple of `ARGMAX_LANES`):
-    the hand-written dispatch of mlir/argmax_cpu.mlir, one workgroup per row."""
-    name = b.mod.helper(
-        f"argmax_cpu_{vocab}",
-        template("argmax_cpu.mlir").substitute(NAME=f"argmax_cpu_{vocab}", V=str(vocab), C=str(vocab // ARGMAX_LANES)),
-    )
-    return b.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
 
 def _sym(x: float) -> str:

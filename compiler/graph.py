@@ -320,7 +320,7 @@ class _Entry:
             logits = b.linear(out_name, self.q(out_name), nv, d, x, "result_output")
             if hp.final_logit_softcapping:
                 logits = b.softcap(logits, hp.final_logit_softcapping, nv, "result_softcap")
-            return paged.argmax_rows(b, logits, nv), logits
+            return b.argmax_rows(logits, nv), logits
         if self.dynamic:  # only the last position's logits are needed
             last = b.fresh("last")
             b.emit("%c1 = arith.constant 1 : index")

@@ -1,6 +1,6 @@
 """The paged KV cache in MLIR: gathering a sequence's cached rows by slot, decode attention over
 the slab (on the CPU the hand-written dispatch of zinc.compiler.attention_cpu; linalg on Vulkan,
-mlir/attention_batch.mlir), per-row argmax and the slot-indexed cache writer.
+mlir/attention_batch.mlir) and the slot-indexed cache writer.
 
 Owns: the ops over the slot-major slab `[NS, L, 2, Hkv, hd]` (a slot holds one position's K and V
 for every layer; which slots a sequence owns is the runtime's page table, the kernels only see
@@ -15,7 +15,7 @@ Imports: zinc.compiler.attention_cpu, zinc.compiler.emitter, zinc.compiler.kerne
 from __future__ import annotations
 
 from zinc.compiler.attention_cpu import render_decode_attention
-from zinc.compiler.emitter import ARGMAX_LANES, NO_WINDOW, Body, _sym, argmax_cpu, f32_const
+from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
 from zinc.compiler.kernels import t_dims, template
 from zinc.model.hparams import HParams
 
@@ -124,17 +124,6 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
         "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
     }  # fmt: skip
     return template("attention_batch.mlir").substitute(subs)
-
-
-def argmax_rows(b: Body, logits: str, vocab: int) -> str:
-    """The greedy token of every row of logits [T, V] (dynamic T)."""
-    if b.mod.tiled and vocab % ARGMAX_LANES == 0:  # the CPU: scanned in vectors
-        return argmax_cpu(b, logits, vocab)
-    name = b.mod.helper(
-        f"argmax_rows_{vocab}",
-        template("argmax_rows.mlir").substitute(NAME=f"argmax_rows_{vocab}", V=str(vocab)),
-    )
-    return b.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
 
 def kv_write(hp: HParams, per_layer: bool = False, dt: str = "f32") -> str:

@@ -1,10 +1,10 @@
-// Greedy sampling of every row on the CPU (compiler/emitter.py `Body.argmax`): the index of each
-// row's largest logit, the first one on exact ties, as mlir/argmax.mlir (IREE compiles that scan
-// one element at a time). A dispatch written by hand, one workgroup per row: lane l of 16 keeps the
-// largest of logits l, l + 16, l + 32, ... and its index (the first on ties: the scan goes up and
-// only a larger value replaces), then the row's largest value is found over the lanes and, of the
-// lanes that hold it, the smallest index taken. NaN never compares larger, so it is never chosen;
-// a row with nothing above -inf gives 0. Placeholders: NAME, V (a multiple of 16), C (V / 16).
+// Greedy sampling of every row on the CPU (`Body.argmax_rows` in compiler/emitter.py): the index
+// of each row's largest logit, the first one on exact ties, as mlir/argmax_rows.mlir (IREE compiles
+// that scan one element at a time). A dispatch written by hand, one workgroup per row: lane l of 16
+// keeps the largest of logits l, l + 16, l + 32, ... and its index (the first on ties: the scan goes
+// up and only a larger value replaces), then the row's largest value is found over the lanes and,
+// of the lanes that hold it, the smallest index taken. NaN never compares larger, so it is never
+// chosen; a row with nothing above -inf gives 0. Placeholders: NAME, V (a multiple of 16), C (V / 16).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(%t: index) -> (index, index, index) {
     %c1 = arith.constant 1 : index

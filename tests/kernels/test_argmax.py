@@ -1,9 +1,10 @@
-"""Tier 2: the greedy argmax on the device (compiler/emitter.py `Body.argmax`, paged.argmax_rows).
+"""Tier 2: the greedy argmax on the device (compiler/emitter.py `Body.argmax`, `Body.argmax_rows`).
 
 On the CPU a vocabulary that is a multiple of 16 takes the hand-written dispatch of
 mlir/argmax_cpu.mlir (16 lanes, then the lanes); other vocabularies, and Vulkan, take the linalg
-scan of mlir/argmax.mlir. Every form must give what a first-to-last scan with a strict `>` gives:
-the first index on exact ties, never a NaN, and 0 for a row with nothing above -inf.
+scans of mlir/argmax.mlir (one row) and mlir/argmax_rows.mlir. Every form must give what a
+first-to-last scan with a strict `>` gives: the first index on exact ties, never a NaN, and 0 for
+a row with nothing above -inf.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEVICES
-from zinc.compiler import paged
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
@@ -22,7 +22,7 @@ from zinc.runtime.module import LoadedModule
 def argmax_module(vocab: int, cpu: bool) -> str:
     mod = ModuleEmitter(tiled=cpu)  # tiled: the CPU's kernels
     rows = Body(mod, dynamic=True)
-    out = paged.argmax_rows(rows, "%x", vocab)
+    out = rows.argmax_rows("%x", vocab)
     one = Body(mod, dynamic=False)
     token = one.argmax("%x", vocab)
     lines = [f"func.func @rows(%x: tensor<?x{vocab}xf32>) -> tensor<?xi32> {{", *rows.lines]
