@@ -1,0 +1,62 @@
+"""Tier 2: RMSNorm on the device (compiler/emitter.py `Body.rmsnorm`).
+
+On the CPU a width that is a multiple of 16 takes the hand-written dispatch of
+mlir/rmsnorm_cpu.mlir (the sum of squares in 16 lanes); other widths, and Vulkan, take the linalg
+form of mlir/rmsnorm.mlir. Each must match the float64 reference, and a row must come out the same
+alone (the one-token body, [1, d]) as among others (the dynamic body, [T, d]).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import DEVICES
+from zinc.compiler.emitter import Body, ModuleEmitter
+from zinc.compiler.targets import compile_mlir
+from zinc.runtime.device import to_host
+from zinc.runtime.module import LoadedModule
+
+EPS = 1e-5
+
+
+def norm_module(d: int, cpu: bool) -> str:
+    mod = ModuleEmitter(tiled=cpu)  # tiled: the CPU's kernels
+    rows = Body(mod, dynamic=True)
+    out = rows.rmsnorm("%x", "%w", d, EPS, "normed")
+    one = Body(mod, dynamic=False)
+    single = one.rmsnorm("%x", "%w", d, EPS, "normed")
+    lines = [f"func.func @rows(%x: tensor<?x{d}xf32>, %w: tensor<{d}xf32>) -> tensor<?x{d}xf32> {{", *rows.lines]
+    lines += [f"  return {out} : tensor<?x{d}xf32>", "}"]
+    lines += [f"func.func @one(%x: tensor<1x{d}xf32>, %w: tensor<{d}xf32>) -> tensor<1x{d}xf32> {{", *one.lines]
+    lines += [f"  return {single} : tensor<1x{d}xf32>", "}"]
+    mod.entries.append("\n".join(lines))
+    return mod.text("rmsnorm")
+
+
+@pytest.mark.parametrize("d", [576, 40])
+@pytest.mark.parametrize(
+    ("device", "cpu"),
+    [
+        pytest.param("cpu", True, id="cpu"),
+        pytest.param("cpu", False, id="cpu-linalg"),
+        pytest.param("vulkan", False, marks=[pytest.mark.vulkan], id="vulkan"),
+    ],
+)
+def test_rmsnorm_matches_the_reference_alone_and_in_rows(d: int, device: str, cpu: bool) -> None:
+    spec = DEVICES[device]()
+    text = norm_module(d, cpu)
+    assert ("rmsnorm_cpu" in text) == (cpu and d % 16 == 0)
+    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((6, d)) * rng.uniform(0.01, 30.0, (6, 1))).astype(np.float32)
+    x[3] = 0.0  # all zero: eps keeps it finite, the output is 0
+    x[4, 7] = 1e4  # one outlier dominates the mean
+    w = rng.standard_normal(d).astype(np.float32)
+    wide = x.astype(np.float64)
+    ref = wide / np.sqrt((wide**2).mean(axis=1, keepdims=True) + EPS) * w
+    got = to_host(mod.fn("rows")(mod.to_device(x), mod.to_device(w)), mod.device)
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-6)
+    for i in range(len(x)):
+        one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1]), mod.to_device(w)), mod.device)
+        assert np.array_equal(one[0], got[i]), f"row {i} alone differs from the same row among others"
