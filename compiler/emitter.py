@@ -217,29 +217,47 @@ class Body:
             return self.call(name, [(x, self.act(d)), (w, f"tensor<{d}xf32>")], self.act(d), hint)
         name = f"rmsnorm_cpu_{d}_e{_sym(eps)}"
         self.mod.helper(name, template("rmsnorm_cpu.mlir").substitute(NAME=name, C=str(d // NORM_LANES), **subs))
-        rows = x
-        if self.t != "?":  # the dispatch takes rows: [1, d] as [?, d]
-            rows = self.fresh("rows")
-            self.emit(f"{rows} = tensor.cast {x} : {self.act(d)} to tensor<?x{d}xf32>")
-        out = self.call(name, [(rows, f"tensor<?x{d}xf32>"), (w, f"tensor<{d}xf32>")], f"tensor<?x{d}xf32>", hint)
+        return self._rows_call(name, [(x, d)], [(w, f"tensor<{d}xf32>")], d, hint)
+
+    def _rows_call(self, fn: str, rows: list[tuple[str, int]], rest: list[tuple[str, str]], n: int, hint: str) -> str:
+        """Call a CPU dispatch that takes its [T, *] operands (`rows`: value and width) and returns
+        [T, n] with a dynamic T: a one-token body's [1, *] values are cast to [?, *] and back."""
+        args = []
+        for value, width in rows:
+            if self.t != "?":
+                cast = self.fresh("rows")
+                self.emit(f"{cast} = tensor.cast {value} : {self.act(width)} to tensor<?x{width}xf32>")
+                value = cast
+            args.append((value, f"tensor<?x{width}xf32>"))
+        out = self.call(fn, [*args, *rest], f"tensor<?x{n}xf32>", hint)
         if self.t == "?":
             return out
         y = self.fresh(hint)
-        self.emit(f"{y} = tensor.cast {out} : tensor<?x{d}xf32> to {self.act(d)}")
+        self.emit(f"{y} = tensor.cast {out} : tensor<?x{n}xf32> to {self.act(n)}")
         return y
 
-    def rope(self, x: str, start: str, heads: int, head_dim: int, n_rot: int, base: float, hint: str) -> str:
+    def rope(
+        self, x: str, start: str, heads: int, head_dim: int, n_rot: int, base: float, hint: str, by_hand: bool = True
+    ) -> str:
         """RoPE at positions `start` + t, or, when `start` names a [T] i32 tensor (`per_row`), at
-        each row's own position (a batch of sequences)."""
+        each row's own position (a batch of sequences). On the CPU, where `by_hand` and every dim
+        rotates, the hand-written dispatch of mlir/rope_norm_cpu.mlir (IREE compiles the linalg
+        form one element at a time: SmolLM2's q of 8 rows, 62 -> 14 us a step); else the linalg
+        form of mlir/rope_norm.mlir, which IREE can fuse with what follows it."""
+        hhd, pairs = heads * head_dim, head_dim // 2
+        cs, sn = self.rope_table(start, pairs, -2.0 / n_rot, base, 1.0)
+        if by_hand and self.mod.tiled and n_rot == head_dim and head_dim % NORM_LANES == 0:
+            name = f"rope_norm_cpu_{heads}x{head_dim}"
+            subs = {"H": str(heads), "HD": str(head_dim), "C": str(head_dim // NORM_LANES)}
+            self.mod.helper(name, template("rope_norm_cpu.mlir").substitute(NAME=name, HHD=str(hhd), P=str(pairs), **subs))
+            return self._rows_call(name, [(x, hhd), (cs, pairs), (sn, pairs)], [], hhd, hint)
         name = f"rope_norm_{self.t_tag}_{heads}x{head_dim}_r{n_rot}"
         subs = {
-            "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
-            "NR2": str(n_rot // 2), **t_dims(self.dynamic),
+            "NAME": name, "HHD": str(hhd), "H": str(heads), "P": str(pairs), "NR2": str(n_rot // 2),
+            **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("rope_norm.mlir").substitute(subs))
-        cs, sn = self.rope_table(start, head_dim // 2, -2.0 / n_rot, base, 1.0)
-        hhd, tab = self.act(heads * head_dim), self.act(head_dim // 2)
-        return self.call(name, [(x, hhd), (cs, tab), (sn, tab)], hhd, hint)
+        return self.call(name, [(x, self.act(hhd)), (cs, self.act(pairs)), (sn, self.act(pairs))], self.act(hhd), hint)
 
     def rope_table(self, start: str, pairs: int, neg2_over_nr: float, base: float, scale: float) -> tuple[str, str]:
         """cos and sin [T, pairs] of this step's RoPE angles, emitted once per step and kind; every

@@ -228,7 +228,8 @@ class _Entry:
         if hp.attn_qk_norm:
             w = self.vector(f"{p}attn_{part}_norm.weight", hd)
             y = b.rmsnorm_heads(y, w, heads, hd, hp.layer_norm_rms_epsilon, f"{part.upper()}norm")
-        return _rope(b, hp, il, y, heads, f"{part.upper()}rope")
+        # k stays in linalg: IREE fuses its RoPE with the rounding to the slab's type (paged.to_slab)
+        return _rope(b, hp, il, y, heads, f"{part.upper()}rope", by_hand=part == "q")
 
     def attention(self, il: int, cur: str, new_rows: str) -> tuple[str, str]:
         """Layer `il`'s attention over the cached rows and this step's; adds its K/V to `new_rows`."""
@@ -338,8 +339,8 @@ class _Entry:
         return one.argmax(logits, nv), logits
 
 
-def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str) -> str:
+def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str, by_hand: bool) -> str:
     pos = "%pos" if b.per_row else "%start"
     if hp.rope_type == "neox":
         return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint)
-    return b.rope(x, pos, heads, hp.key_length, hp.rope_dimension_count, hp.rope_base(il), hint)
+    return b.rope(x, pos, heads, hp.key_length, hp.rope_dimension_count, hp.rope_base(il), hint, by_hand)

@@ -1,0 +1,68 @@
+"""Tier 2: RoPE on adjacent pairs on the device (compiler/emitter.py `Body.rope`).
+
+On the CPU, where every dim rotates and the head is a multiple of 16 wide, the q projection takes
+the hand-written dispatch of mlir/rope_norm_cpu.mlir; partial rotary, `by_hand=False` (the k
+projection, which IREE fuses with the rounding to the slab's type) and Vulkan take the linalg form
+of mlir/rope_norm.mlir. Each must match the float64 rotation, and a row must come out the same
+alone ([1, n]) as among others ([T, n]).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.conftest import DEVICES
+from zinc.compiler.emitter import Body, ModuleEmitter
+from zinc.compiler.targets import compile_mlir
+from zinc.runtime.device import to_host
+from zinc.runtime.module import LoadedModule
+
+HEADS, BASE = 3, 10000.0
+
+
+def rope_module(hd: int, n_rot: int, cpu: bool, by_hand: bool) -> str:
+    mod = ModuleEmitter(tiled=cpu)  # tiled: the CPU's kernels
+    n = HEADS * hd
+    rows = Body(mod, dynamic=True)
+    out = rows.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand)
+    one = Body(mod, dynamic=False)
+    single = one.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand)
+    lines = [f"func.func @rows(%x: tensor<?x{n}xf32>, %start: index) -> tensor<?x{n}xf32> {{", "  %c0 = arith.constant 0 : index"]
+    lines += [f"  %T = tensor.dim %x, %c0 : tensor<?x{n}xf32>", *rows.lines, f"  return {out} : tensor<?x{n}xf32>", "}"]
+    lines += [f"func.func @one(%x: tensor<1x{n}xf32>, %start: index) -> tensor<1x{n}xf32> {{", "  %T = arith.constant 1 : index"]
+    lines += [*one.lines, f"  return {single} : tensor<1x{n}xf32>", "}"]
+    mod.entries.append("\n".join(lines))
+    return mod.text("rope")
+
+
+def reference(x: np.ndarray, start: int, hd: int, n_rot: int) -> np.ndarray:
+    out = x.astype(np.float64).reshape(len(x), HEADS, hd)
+    pos = np.arange(start, start + len(x), dtype=np.float64)[:, None]
+    theta = pos * BASE ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    x0, x1 = out[..., 0:n_rot:2].copy(), out[..., 1:n_rot:2].copy()
+    out[..., 0:n_rot:2], out[..., 1:n_rot:2] = x0 * cos - x1 * sin, x0 * sin + x1 * cos
+    return out.reshape(len(x), -1)
+
+
+@pytest.mark.parametrize(("hd", "n_rot", "by_hand"), [(64, 64, True), (64, 64, False), (32, 16, True)])
+@pytest.mark.parametrize(
+    ("device", "cpu"),
+    [
+        pytest.param("cpu", True, id="cpu"),
+        pytest.param("vulkan", False, marks=[pytest.mark.vulkan], id="vulkan"),
+    ],
+)
+def test_rope_matches_the_rotation_alone_and_in_rows(hd: int, n_rot: int, by_hand: bool, device: str, cpu: bool) -> None:
+    spec = DEVICES[device]()
+    text = rope_module(hd, n_rot, cpu, by_hand)
+    assert ("rope_norm_cpu" in text) == (cpu and by_hand and n_rot == hd)
+    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    x = np.random.default_rng(9).standard_normal((5, HEADS * hd)).astype(np.float32)
+    start = 37
+    got = to_host(mod.fn("rows")(mod.to_device(x), start), mod.device)
+    np.testing.assert_allclose(got, reference(x, start, hd, n_rot), rtol=1e-4, atol=1e-4)
+    for i in range(len(x)):
+        one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1]), start + i), mod.device)
+        assert np.array_equal(one[0], got[i]), f"row {i} alone differs from the same row among others"
