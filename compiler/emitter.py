@@ -2,7 +2,9 @@
 
 Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper functions rendered
 once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
-right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension.
+right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension. On
+the CPU the argmax, RMSNorm and q's RoPE are hand-written dispatches over a dynamic row count
+(the last two through `_rows_call`, which casts a one-token body's [1, n] to [?, n] and back).
 Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
 weight layouts), zinc.mlir templates.
 """
