@@ -434,7 +434,7 @@ class Body:
 
 NO_WINDOW = 2**31 - 1  # an attention window no position distance reaches
 ARGMAX_LANES = 16  # the CPU argmax's vector (mlir/argmax_cpu.mlir)
-NORM_LANES = 16  # the CPU RMSNorm's vector (mlir/rmsnorm_cpu.mlir)
+NORM_LANES = 16  # the vector of the CPU RMSNorm and RoPE (mlir/rmsnorm_cpu.mlir, rope_norm_cpu.mlir)
 
 
 def _sym(x: float) -> str:
