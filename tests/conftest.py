@@ -30,6 +30,13 @@ DEVICES = {
     "cpu-task": lambda: resolve_device("cpu", "local-task"),
     "vulkan": lambda: resolve_device("vulkan"),
 }
+# ("device", "cpu") of a `Body` op that has a hand-written CPU dispatch: that dispatch (a tiled,
+# i.e. CPU, module), its linalg form on the CPU, and the linalg form on Vulkan
+KERNEL_FORMS = [
+    pytest.param("cpu", True, id="cpu"),
+    pytest.param("cpu", False, id="cpu-linalg"),
+    pytest.param("vulkan", False, marks=[pytest.mark.vulkan], id="vulkan"),
+]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, KERNEL_FORMS
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
@@ -58,14 +58,7 @@ def cases(vocab: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("vocab", [160, 50])
-@pytest.mark.parametrize(
-    ("device", "cpu"),
-    [
-        pytest.param("cpu", True, id="cpu"),
-        pytest.param("cpu", False, id="cpu-linalg"),
-        pytest.param("vulkan", False, marks=[pytest.mark.vulkan], id="vulkan"),
-    ],
-)
+@pytest.mark.parametrize(("device", "cpu"), KERNEL_FORMS)
 def test_greedy_argmax_takes_the_first_largest(vocab: int, device: str, cpu: bool) -> None:
     spec = DEVICES[device]()
     text = argmax_module(vocab, cpu)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, KERNEL_FORMS
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
@@ -35,14 +35,7 @@ def norm_module(d: int, cpu: bool) -> str:
 
 
 @pytest.mark.parametrize("d", [576, 40])
-@pytest.mark.parametrize(
-    ("device", "cpu"),
-    [
-        pytest.param("cpu", True, id="cpu"),
-        pytest.param("cpu", False, id="cpu-linalg"),
-        pytest.param("vulkan", False, marks=[pytest.mark.vulkan], id="vulkan"),
-    ],
-)
+@pytest.mark.parametrize(("device", "cpu"), KERNEL_FORMS)
 def test_rmsnorm_matches_the_reference_alone_and_in_rows(d: int, device: str, cpu: bool) -> None:
     spec = DEVICES[device]()
     text = norm_module(d, cpu)
