@@ -4,7 +4,7 @@ Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper fu
 once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
 right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension. On
 the CPU the argmax, RMSNorm and q's RoPE are hand-written dispatches over a dynamic row count
-(the last two through `_rows_call`, which casts a one-token body's [1, n] to [?, n] and back).
+(`_rows_call`, which casts a one-token body's [1, n] to [?, n] and the result back).
 Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
 weight layouts), zinc.mlir templates.
 """
@@ -219,11 +219,12 @@ class Body:
             return self.call(name, [(x, self.act(d)), (w, f"tensor<{d}xf32>")], self.act(d), hint)
         name = f"rmsnorm_cpu_{d}_e{_sym(eps)}"
         self.mod.helper(name, template("rmsnorm_cpu.mlir").substitute(NAME=name, C=str(d // NORM_LANES), **subs))
-        return self._rows_call(name, [(x, d)], [(w, f"tensor<{d}xf32>")], d, hint)
+        return self._rows_call(name, [(x, d)], [(w, f"tensor<{d}xf32>")], f"x{d}xf32", hint)
 
-    def _rows_call(self, fn: str, rows: list[tuple[str, int]], rest: list[tuple[str, str]], n: int, hint: str) -> str:
-        """Call a CPU dispatch that takes its [T, *] operands (`rows`: value and width) and returns
-        [T, n] with a dynamic T: a one-token body's [1, *] values are cast to [?, *] and back."""
+    def _rows_call(self, fn: str, rows: list[tuple[str, int]], rest: list[tuple[str, str]], out: str, hint: str) -> str:
+        """Call a CPU dispatch that takes its [T, *] f32 operands (`rows`: value and width) and
+        returns `tensor<?{out}>` (`out`: the type past T, as "x576xf32" or "xi32") with a dynamic
+        T: a one-token body's [1, *] values are cast to [?, *] and the result back to [1, ...]."""
         args = []
         for value, width in rows:
             if self.t != "?":
@@ -231,11 +232,11 @@ class Body:
                 self.emit(f"{cast} = tensor.cast {value} : {self.act(width)} to tensor<?x{width}xf32>")
                 value = cast
             args.append((value, f"tensor<?x{width}xf32>"))
-        out = self.call(fn, [*args, *rest], f"tensor<?x{n}xf32>", hint)
+        result = self.call(fn, [*args, *rest], f"tensor<?{out}>", hint)
         if self.t == "?":
-            return out
+            return result
         y = self.fresh(hint)
-        self.emit(f"{y} = tensor.cast {out} : tensor<?x{n}xf32> to {self.act(n)}")
+        self.emit(f"{y} = tensor.cast {result} : tensor<?{out}> to tensor<{self.t}{out}>")
         return y
 
     def rope(
@@ -252,7 +253,7 @@ class Body:
             name = f"rope_norm_cpu_{heads}x{head_dim}"
             subs = {"H": str(heads), "HD": str(head_dim), "C": str(head_dim // NORM_LANES)}
             self.mod.helper(name, template("rope_norm_cpu.mlir").substitute(NAME=name, HHD=str(hhd), P=str(pairs), **subs))
-            return self._rows_call(name, [(x, hhd), (cs, pairs), (sn, pairs)], [], hhd, hint)
+            return self._rows_call(name, [(x, hhd), (cs, pairs), (sn, pairs)], [], f"x{hhd}xf32", hint)
         name = f"rope_norm_{self.t_tag}_{heads}x{head_dim}_r{n_rot}"
         subs = {
             "NAME": name, "HHD": str(hhd), "H": str(heads), "P": str(pairs), "NR2": str(n_rot // 2),
@@ -312,28 +313,24 @@ class Body:
 
     def argmax(self, logits: str, vocab: int) -> str:
         """The greedy token of logits [1, V] (the first on exact ties)."""
-        if self._vector_argmax(vocab):  # the CPU's dispatch takes rows: [1, V] as [?, V]
-            rows = self.fresh("rows")
-            self.emit(f"{rows} = tensor.cast {logits} : tensor<1x{vocab}xf32> to tensor<?x{vocab}xf32>")
-            token = self.fresh("token")
-            self.emit(f"{token} = tensor.cast {self.argmax_rows(rows, vocab)} : tensor<?xi32> to tensor<1xi32>")
-            return token
+        if self._vector_argmax(vocab):  # the CPU's dispatch, over rows
+            return self.argmax_rows(logits, vocab)
         name = self.mod.helper(
             f"argmax_{vocab}", template("argmax.mlir").substitute(NAME=f"argmax_{vocab}", V=str(vocab))
         )
         return self.call(name, [(logits, f"tensor<1x{vocab}xf32>")], "tensor<1xi32>", "token")
 
     def argmax_rows(self, logits: str, vocab: int) -> str:
-        """The greedy token of every row of logits [T, V] (dynamic T): on the CPU the hand-written
-        dispatch of mlir/argmax_cpu.mlir (one workgroup per row, 16 lanes) where V is a multiple of
-        `ARGMAX_LANES`, else the linalg scan of mlir/argmax_rows.mlir (IREE compiles that one
-        element at a time)."""
+        """The greedy token of every row of logits [T, V]: on the CPU the hand-written dispatch of
+        mlir/argmax_cpu.mlir (one workgroup per row, 16 lanes) where V is a multiple of
+        `ARGMAX_LANES`, else the linalg scan of mlir/argmax_rows.mlir (dynamic T; IREE compiles
+        that scan one element at a time)."""
         if self._vector_argmax(vocab):
-            name, text = f"argmax_cpu_{vocab}", "argmax_cpu.mlir"
-            subs = {"C": str(vocab // ARGMAX_LANES)}
-        else:
-            name, text, subs = f"argmax_rows_{vocab}", "argmax_rows.mlir", {}
-        self.mod.helper(name, template(text).substitute(NAME=name, V=str(vocab), **subs))
+            name = f"argmax_cpu_{vocab}"
+            self.mod.helper(name, template("argmax_cpu.mlir").substitute(NAME=name, V=str(vocab), C=str(vocab // ARGMAX_LANES)))
+            return self._rows_call(name, [(logits, vocab)], [], "xi32", "tokens")
+        name = f"argmax_rows_{vocab}"
+        self.mod.helper(name, template("argmax_rows.mlir").substitute(NAME=name, V=str(vocab)))
         return self.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
     def _vector_argmax(self, vocab: int) -> bool:
