@@ -17,10 +17,12 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
     `vpdpbusd` (`lanes`, `wide_enabled()`): the same layout, half the instructions per product;
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
-Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply, into L2.
+Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply, into L2; a
+decode kernel given a `KvPrefetch` also prefetches a layer's cached K/V rows for the attention
+that comes after it (zinc.compiler.kv_prefetch: its operands and loop lines).
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
 (docs/PERFORMANCE.md, History), which is why these kernels name the instructions.
-Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.errors.
+Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.compiler.kv_prefetch, zinc.errors.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
+from zinc.compiler import kv_prefetch
 from zinc.compiler.kernels import QuantType, template
+from zinc.compiler.kv_prefetch import KvPrefetch
 from zinc.errors import ZincError
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
@@ -223,8 +227,8 @@ def _repack_q4_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
-def decode_name(q: QuantType, n: int, k: int, rows: int = 0) -> str:
-    return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}"
+def decode_name(q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | None = None) -> str:
+    return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}{kv.tag() if kv else ''}"
 
 
 def _x_lines(r: int, xs: int, v: int = G) -> list[str]:
@@ -444,22 +448,27 @@ def _intr(name: str, a: str, b: str, ty: str, out: str) -> str:
     return f'llvm.call_intrinsic "llvm.x86.avx2.{name}"({a}, {b}) : (vector<{ty}>, vector<{ty}>) -> vector<{out}>'
 
 
-def render_decode(q: QuantType, n: int, k: int, rows: int = 0) -> str:
+def render_decode(q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | None = None) -> str:
     """A `stream.executable` and the private func `y[R, n] = x[R, k] @ W[n, k]^T` dispatching it
-    (R = `rows`, or 1 for the single-token decode)."""
+    (R = `rows`, or 1 for the single-token decode). With `kv`, the kernel also prefetches a
+    layer's cached K/V rows of its R rows (zinc.compiler.kv_prefetch), and the func takes the
+    slab, the rows' slots, their cached lengths and the layer after x."""
     r = rows or 1
     b = k // 32
     operands, operand_types = _operands(q, n, k)
-    name = decode_name(q, n, k, rows)
+    name = decode_name(q, n, k, rows, kv)
+    kv_ops, kv_types = kv_prefetch.dispatch_operands(kv, r) if kv else ("", "")
     wrapper = (
-        f"func.func private @{name}({_args(q, n, k)}, %x: tensor<{r}x{k}xf32>) -> tensor<{r}x{n}xf32> {{\n"
+        f"func.func private @{name}({_args(q, n, k)}, %x: tensor<{r}x{k}xf32>"
+        f"{kv_prefetch.wrapper_params(kv, r) if kv else ''}) -> tensor<{r}x{n}xf32> {{\n"
+        f"{kv_prefetch.wrapper_dims(kv, r) if kv else ''}"
         f"  %xb = tensor.expand_shape %x [[0], [1, 2]] output_shape [{r}, {b}, 32] "
         f": tensor<{r}x{k}xf32> into tensor<{r}x{b}x32xf32>\n"
-        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, %xb) "
-        f": ({operand_types}, tensor<{r}x{b}x32xf32>) -> tensor<{r}x{n}xf32>\n"
+        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, %xb{kv_ops}) "
+        f": ({operand_types}, tensor<{r}x{b}x32xf32>{kv_types}) -> tensor<{r}x{n}xf32>\n"
         f"  return %y : tensor<{r}x{n}xf32>\n}}\n"
     )
-    return _render(q, n, k, name, r, wrapper, prefill=False)
+    return _render(q, n, k, name, r, wrapper, prefill=False, kv=kv)
 
 
 def render_prefill(q: QuantType, n: int, k: int) -> str:
@@ -535,7 +544,9 @@ def _operands(q: QuantType, n: int, k: int) -> tuple[str, str]:
     return ", ".join(f"%w_{p}" for p in types), ", ".join(types.values())
 
 
-def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefill: bool) -> str:
+def _render(
+    q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefill: bool, kv: KvPrefetch | None = None
+) -> str:
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = lanes(q, n, r)
     units = ng // (v // G)  # the loop's steps: groups, or pairs of groups side by side
@@ -597,6 +608,9 @@ def _render(q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefi
             for p, v, shape in (("m", "wm", "DS"), ("d2", "wd2", "DS"), ("qh", "wh", "QH")) if p in types
         ),
         DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r, v), WRAPPER=wrapper,
+        KV_BINDINGS=kv_prefetch.bindings() if kv else "", KV_ARGS=kv_prefetch.index_args() if kv else "",
+        KV_SETUP=kv_prefetch.setup(kv, r) if kv else "",
+        KV_PREFETCH="\n".join("          " + ln for ln in kv_prefetch.loop_lines(kv, r)) if kv else "",
     )  # fmt: skip
     for key, val in shapes.items():
         text = text.replace("${" + key + "}", val)

@@ -4,9 +4,11 @@ Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper fu
 once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
 right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension. On
 the CPU the argmax, RMSNorm and q's RoPE are hand-written dispatches over a dynamic row count
-(`_rows_call`, which casts a one-token body's [1, n] to [?, n] and the result back).
+(`_rows_call`, which casts a one-token body's [1, n] to [?, n] and the result back). A decode
+body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv_prefetch`
+(zinc.compiler.kv_prefetch) and gets the slab, the rows' slots and lengths as operands.
 Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
-weight layouts), zinc.mlir templates.
+weight layouts), zinc.compiler.kv_prefetch, zinc.mlir templates.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from zinc.compiler.kernels import (
     t_dims,
     template,
 )
+from zinc.compiler.kv_prefetch import KvPrefetch
 
 
 class WeightLayout(Protocol):
@@ -181,23 +184,39 @@ class Body:
         self.mod.repacked[tensor] = (sources or (tensor,), q, n, k, layout)
         planes = kern.plane_types(q, n, k)
         args = [(self.load(self.mod.param(f"{tensor}.{p}", ty), ty), ty) for p, ty in planes.items()]
+        decode = self.rows or not self.dynamic
+        kv = self.kv_prefetch if layout == "dot8" and self.kv_rows and decode else None
+        if kv is not None:
+            self.kv_prefetch = None
         if self.rows:  # a decode batch: the single-token kernel with a row loop, on static rows
             name = self.mod.helper(
-                kern.decode_name(q, n, k, self.rows), kern.render_decode(q, n, k, self.rows)
+                dot8.decode_name(q, n, k, self.rows, kv) if kv else kern.decode_name(q, n, k, self.rows),
+                dot8.render_decode(q, n, k, self.rows, kv) if kv else kern.render_decode(q, n, k, self.rows),
             )
             xs = self.fresh("rows_in")
             self.emit(f"{xs} = tensor.cast {x} : {self.act(k)} to tensor<{self.rows}x{k}xf32>")
-            y = self.call(
-                name, [*args, (xs, f"tensor<{self.rows}x{k}xf32>")], f"tensor<{self.rows}x{n}xf32>", hint
-            )
+            ins = [*args, (xs, f"tensor<{self.rows}x{k}xf32>"), *self._kv_args(kv, self.rows)]
+            y = self.call(name, ins, f"tensor<{self.rows}x{n}xf32>", hint)
             out = self.fresh(hint)
             self.emit(f"{out} = tensor.cast {y} : tensor<{self.rows}x{n}xf32> to {self.act(n)}")
             return out
         if self.dynamic:
             name = self.mod.helper(kern.prefill_name(q, n, k), kern.render_prefill(q, n, k))
+        elif kv:
+            name = self.mod.helper(dot8.decode_name(q, n, k, 0, kv), dot8.render_decode(q, n, k, 0, kv))
         else:
             name = self.mod.helper(kern.decode_name(q, n, k), kern.render_decode(q, n, k))
-        return self.call(name, [*args, (x, self.act(k))], self.act(n), hint)
+        return self.call(name, [*args, (x, self.act(k)), *self._kv_args(kv, 1)], self.act(n), hint)
+
+    def _kv_args(self, kv: KvPrefetch | None, rows: int) -> list[tuple[str, str]]:
+        """The operands of a matmul that prefetches `kv`: the slab, the rows' slots and lengths, the layer."""
+        if kv is None or self.kv_rows is None:
+            return []
+        layer = self.fresh("kv_layer")
+        self.emit(f"{layer} = arith.constant {kv.layer} : index")
+        ctx, lens = self.kv_rows
+        return [("%cache", f"tensor<?x{kv.slab}>"), (ctx, f"tensor<{rows}x?xi32>"), (lens, f"tensor<{rows}xi32>"),
+                (layer, "index")]  # fmt: skip
 
     def gather(self, q: QuantType, w: str, rows: int, cols: int, ids: str) -> str:
         name = self.mod.helper(
@@ -283,6 +302,11 @@ class Body:
 
     per_row = False  # positions come per row from a [T] i32 tensor (batched decode)
     rows = 0  # a decode batch of this many rows (T = ? in the types, static in fact): batch kernels
+    # a decode step's rows: their slots and cached lengths as static [R, ?] and [R] i32 values
+    # (the operands of a matmul that prefetches K/V rows), and the prefetch the next integer
+    # dot-product matmul takes on (`_linear_tiled` clears it: one dispatch prefetches a layer once)
+    kv_rows: tuple[str, str] | None = None
+    kv_prefetch: KvPrefetch | None = None
 
     @property
     def _pos_tag(self) -> str:

@@ -38,16 +38,19 @@ attention is a lone `prefill`'s (its own ctx and start), and the head runs on ea
 row as a decode batch's does, so its K/V rows and logits are bit for bit a lone prefill's
 (tests/model/test_packed_prefill.py).
 The step functions only read the cache; the caller owns the slab on the device and calls
-kv_write with the step's new K/V rows. K rows are stored after QK-norm and RoPE. The slab and
+kv_write with the step's new K/V rows. On the CPU a decode step's layer l gate/up matmul (layer 0:
+its q/k/v matmul) also prefetches layer l + 1's (0's) cached K/V rows (zinc.compiler.kv_prefetch). K rows are stored after QK-norm and RoPE. The slab and
 the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).
-Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels, zinc.model.hparams.
+Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels,
+zinc.compiler.kv_prefetch, zinc.model.hparams.
 """
 
 from __future__ import annotations
 
 from zinc.compiler import paged
-from zinc.compiler.emitter import Body, ModuleEmitter
+from zinc.compiler.emitter import NO_WINDOW, Body, ModuleEmitter
 from zinc.compiler.kernels import QuantType, quant_type
+from zinc.compiler.kv_prefetch import KvPrefetch
 from zinc.model.hparams import HParams, ModelDescription
 
 DEFAULT_BATCH_SIZES = (1, 4, 8)
@@ -186,7 +189,9 @@ class _Entry:
             return "%ids: tensor<?xi32>, %start: index, %ctx: tensor<?xi32>"
         n = self.batch
         if n == 1:
+            b.kv_rows = ("%ctx", "%pos")
             return "%ids: tensor<1xi32>, %pos: tensor<1xi32>, %ctx: tensor<1x?xi32>"
+        b.kv_rows = ("%ctx_b", "%pos_b")
         for arg, static, dyn in (("ids", f"{n}", "?"), ("pos", f"{n}", "?"), ("ctx", f"{n}x?", "?x?")):
             b.emit(f"%{arg} = tensor.cast %{arg}_b : tensor<{static}xi32> to tensor<{dyn}xi32>")
         return f"%ids_b: tensor<{n}xi32>, %pos_b: tensor<{n}xi32>, %ctx_b: tensor<{n}x?xi32>"
@@ -206,7 +211,9 @@ class _Entry:
             att = self.norm(att, p + "post_attention_norm.weight", "attn_post_norm")
         x = b.elementwise("add", x, att, d, "ffn_inp")
         cur = self.norm(x, p + "ffn_norm.weight", "ffn_norm")
+        self._prefetch_kv(il + 1)  # the next layer's cached K/V, while gate/up's arithmetic runs
         gate, up = self.mms([p + "ffn_gate.weight", p + "ffn_up.weight"], [ff, ff], d, cur)  # [T, ff] each
+        b.kv_prefetch = None
         if hp.ffn_activation == "gelu":
             cur = b.gelu_gated(gate, up, ff, "ffn_act")
         else:
@@ -215,6 +222,15 @@ class _Entry:
         if hp.post_norms:
             cur = self.norm(cur, p + "post_ffw_norm.weight", "ffn_post_norm")
         return b.elementwise("add", x, cur, d, "l_out"), new_rows
+
+    def _prefetch_kv(self, il: int) -> None:
+        """In a decode step (the CPU), have the next integer dot-product matmul prefetch layer `il`'s
+        cached K/V rows (zinc.compiler.kv_prefetch); nothing past the last layer."""
+        hp = self.hp
+        if self.batch and il < hp.block_count:
+            self.b.kv_prefetch = KvPrefetch(
+                il, hp.window(il) or NO_WINDOW, hp.block_count, hp.head_count_kv, hp.key_length, self.mod.kv_dtype
+            )
 
     def projection(self, il: int, y: str, part: str, heads: int) -> str:
         """q, k or v of layer `il` [T, heads*hd] from its matmul `y`: bias, per-head norm and RoPE
@@ -236,7 +252,10 @@ class _Entry:
         hp, b, t, tv = self.hp, self.b, self.b.t, self.tv
         nh, nkv, hd = hp.head_count, hp.head_count_kv, hp.key_length
         names = [f"blk.{il}.attn_{part}.weight" for part in "qkv"]
+        if il == 0:  # the first layer's rows have no earlier gate/up to come with
+            self._prefetch_kv(0)
         ys = self.mms(names, [nh * hd, nkv * hd, nkv * hd], hp.embedding_length, cur)
+        b.kv_prefetch = None
         qc = self.projection(il, ys[0], "q", nh)  # [T, nh*hd]
         new_kv = []
         for part, name in ((0, "k"), (1, "v")):  # this step's rows, [T, nkv, hd]

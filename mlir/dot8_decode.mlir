@@ -14,7 +14,10 @@
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
 // XQ, DX, QH, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
 // WRAPPER (the private func that dispatches it), VL (output rows per vector: 8, or 16 where two
-// groups are side by side in 512 bits, see compiler/dot8.py `lanes`), VB (bytes per vector: 4 VL).
+// groups are side by side in 512 bits, see compiler/dot8.py `lanes`), VB (bytes per vector: 4 VL),
+// and KV_BINDINGS, KV_ARGS, KV_SETUP, KV_PREFETCH: empty, or (a decode kernel that also prefetches
+// a layer's cached K/V rows, compiler/kv_prefetch.py) its operands and the prefetch of one cached
+// position per iteration of the block loop.
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(${WG_ARGS}) -> (index, index, index) {
 ${WG_COUNT}
@@ -22,7 +25,7 @@ ${WG_COUNT}
     stream.return %x, %c1, %c1 : index, index, index
   }
   builtin.module {
-    func.func @${NAME}(${BINDINGS}, %b_x: !stream.binding, %b_y: !stream.binding${TP_ARG}) {
+    func.func @${NAME}(${BINDINGS}, %b_x: !stream.binding, ${KV_BINDINGS}%b_y: !stream.binding${TP_ARG}${KV_ARGS}) {
 ${CONSTS}
     %wq = stream.binding.subspan %b_qs[%c0] : !stream.binding -> memref<${QS}>
     %wd = stream.binding.subspan %b_d[%c0] : !stream.binding -> memref<${DS}>
@@ -30,6 +33,7 @@ ${WM}
     %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<${XR}x${B}x32xf32>${TP}
     %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<${XR}x${N}xf32>${TP}
 ${WG_IDS}
+${KV_SETUP}
     %cRt = arith.constant ${R} : index
     %r0 = arith.muli %tile, %cRt : index
     %cR = arith.constant ${R} : index
@@ -96,6 +100,7 @@ ${WG_IDS}
       %ga = arith.muli %g, %c2 : index  // with 16 lanes %g is a pair of groups: %ga and %gb
       %gb = arith.addi %ga, %c1 : index
       ${RESULTS} = scf.for %b = %c0 to %cB step %c1 iter_args(${ITER_INIT}) -> (${ITER_TYPES}) {
+${KV_PREFETCH}
           ${DSCALE}
           ${MSCALE}
 ${BODY}
