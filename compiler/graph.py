@@ -39,8 +39,9 @@ row as a decode batch's does, so its K/V rows and logits are bit for bit a lone 
 (tests/model/test_packed_prefill.py).
 The step functions only read the cache; the caller owns the slab on the device and calls
 kv_write with the step's new K/V rows. On the CPU a decode step's layer l gate/up matmul (layer 0:
-its q/k/v matmul) also prefetches layer l + 1's (0's) cached K/V rows (zinc.compiler.kv_prefetch). K rows are stored after QK-norm and RoPE. The slab and
-the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).
+its q/k/v matmul) also prefetches layer l + 1's (0's) cached K/V rows (zinc.compiler.kv_prefetch).
+K rows are stored after QK-norm and RoPE. The slab and the rows are f16 on the CPU and f32 on
+Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).
 Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels,
 zinc.compiler.kv_prefetch, zinc.model.hparams.
 """
