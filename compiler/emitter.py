@@ -189,10 +189,7 @@ class Body:
         if kv is not None:
             self.kv_prefetch = None
         if self.rows:  # a decode batch: the single-token kernel with a row loop, on static rows
-            name = self.mod.helper(
-                dot8.decode_name(q, n, k, self.rows, kv) if kv else kern.decode_name(q, n, k, self.rows),
-                dot8.render_decode(q, n, k, self.rows, kv) if kv else kern.render_decode(q, n, k, self.rows),
-            )
+            name = self._decode_kernel(kern, q, n, k, self.rows, kv)
             xs = self.fresh("rows_in")
             self.emit(f"{xs} = tensor.cast {x} : {self.act(k)} to tensor<{self.rows}x{k}xf32>")
             ins = [*args, (xs, f"tensor<{self.rows}x{k}xf32>"), *self._kv_args(kv, self.rows)]
@@ -202,11 +199,18 @@ class Body:
             return out
         if self.dynamic:
             name = self.mod.helper(kern.prefill_name(q, n, k), kern.render_prefill(q, n, k))
-        elif kv:
-            name = self.mod.helper(dot8.decode_name(q, n, k, 0, kv), dot8.render_decode(q, n, k, 0, kv))
         else:
-            name = self.mod.helper(kern.decode_name(q, n, k), kern.render_decode(q, n, k))
+            name = self._decode_kernel(kern, q, n, k, 0, kv)
         return self.call(name, [*args, (x, self.act(k)), *self._kv_args(kv, 1)], self.act(n), hint)
+
+    def _decode_kernel(
+        self, kern: WeightLayout, q: QuantType, n: int, k: int, rows: int, kv: KvPrefetch | None
+    ) -> str:
+        """The decode kernel of `rows` rows (0: one token) as a helper; with `kv` (only set for the
+        dot8 layout) the dot8 kernel that also prefetches K/V rows."""
+        if kv is not None:
+            return self.mod.helper(dot8.decode_name(q, n, k, rows, kv), dot8.render_decode(q, n, k, rows, kv))
+        return self.mod.helper(kern.decode_name(q, n, k, rows), kern.render_decode(q, n, k, rows))
 
     def _kv_args(self, kv: KvPrefetch | None, rows: int) -> list[tuple[str, str]]:
         """The operands of a matmul that prefetches `kv`: the slab, the rows' slots and lengths, the layer."""

@@ -2,7 +2,8 @@
 
 Owns: `KvPrefetch` (what one dispatch prefetches: the layer, its attention window, the slab's
 shape and element type) and the MLIR fragments that turn a decode kernel of `dot8` into one that
-also prefetches (`bindings`, `setup`, `loop_lines`, `wrapper`): three more operands (the slab,
+also prefetches (the kernel's `bindings`, `index_args`, `setup` and `loop_lines`; the
+dispatching func's `wrapper_params`, `wrapper_dims` and `dispatch_operands`): three more operands (the slab,
 the rows' slots `ctx [R, S]` and their cached lengths `len [R]`) and, in each iteration of the
 kernel's block loop, the `prefetcht1` (into L2) of every 64-byte line of one cached position's
 K/V record for that layer. The record of (slot, layer) is `2 x Hkv x hd` contiguous elements of
