@@ -227,8 +227,53 @@ def _repack_q4_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
     }
 
 
-def decode_name(q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | None = None) -> str:
-    return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}{kv.tag() if kv else ''}"
+def decode_name(
+    q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | None = None, parts: tuple[int, ...] = ()
+) -> str:
+    tail = f"{kv.tag() if kv else ''}{'_p' + 'x'.join(map(str, parts)) if parts else ''}"
+    return f"dot8_{q.name.lower()}_{f'b{rows}' if rows else '1'}_{n}x{k}{tail}"
+
+
+def splits(q: QuantType, n: int, rows: int, parts: tuple[int, ...]) -> bool:
+    """Whether a kernel of `rows` rows (more than one) can write its output part-major for
+    `parts` (their sizes, summing to n): every part a whole number of output vectors."""
+    return rows > 1 and sum(parts) == n and all(p % lanes(q, n, rows) == 0 for p in parts)
+
+
+def _part_major_stores(r: int, n: int, v: int, parts: tuple[int, ...]) -> list[str]:
+    """The stores of a kernel whose output [r, n] is several matrices side by side (q, k and v)
+    written part-major: part j, columns s_j.. of width n_j, is the [r, n_j] block at flat offset
+    r * s_j, so each part is contiguous and a slice of it, not a strided copy (`splits`). The
+    output vector at columns n0.. of row i goes to flat r * s + i * n_j + (n0 - s), stored at
+    [that / n, that % n] of the same [r, n] memref."""
+    lines = ["      %pst0 = arith.constant 0 : index", f"      %pn0 = arith.constant {parts[0]} : index"]
+    start = 0
+    for j, size in enumerate(parts[1:], 1):
+        start += parts[j - 1]
+        lines += [
+            f"      %ps{j} = arith.constant {start} : index",
+            f"      %psz{j} = arith.constant {size} : index",
+            f"      %pge{j} = arith.cmpi uge, %n0, %ps{j} : index",
+            f"      %pst{j} = arith.select %pge{j}, %ps{j}, %pst{j - 1} : index",
+            f"      %pn{j} = arith.select %pge{j}, %psz{j}, %pn{j - 1} : index",
+        ]
+    last = len(parts) - 1
+    lines += [
+        f"      %pN = arith.constant {n} : index",
+        f"      %pbase = arith.muli %pst{last}, %cR : index",
+        f"      %pin = arith.subi %n0, %pst{last} : index",
+        "      %poff = arith.addi %pbase, %pin : index",
+    ]
+    for i in range(r):
+        acc = f"%acc#{i}"
+        lines += [
+            f"      %prow{i} = arith.muli %pn{last}, %c{i} : index",
+            f"      %pf{i} = arith.addi %poff, %prow{i} : index",
+            f"      %py{i} = arith.divui %pf{i}, %pN : index",
+            f"      %px{i} = arith.remui %pf{i}, %pN : index",
+            f"      vector.store {acc}, %y[%py{i}, %px{i}] : memref<{r}x{n}xf32>, vector<{v}xf32>",
+        ]
+    return lines
 
 
 def _x_lines(r: int, xs: int, v: int = G) -> list[str]:
@@ -448,15 +493,18 @@ def _intr(name: str, a: str, b: str, ty: str, out: str) -> str:
     return f'llvm.call_intrinsic "llvm.x86.avx2.{name}"({a}, {b}) : (vector<{ty}>, vector<{ty}>) -> vector<{out}>'
 
 
-def render_decode(q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | None = None) -> str:
+def render_decode(
+    q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | None = None, parts: tuple[int, ...] = ()
+) -> str:
     """A `stream.executable` and the private func `y[R, n] = x[R, k] @ W[n, k]^T` dispatching it
     (R = `rows`, or 1 for the single-token decode). With `kv`, the kernel also prefetches a
     layer's cached K/V rows of its R rows (zinc.compiler.kv_prefetch), and the func takes the
-    slab, the rows' slots, their cached lengths and the layer after x."""
+    slab, the rows' slots, their cached lengths and the layer after x. With `parts` (`splits`
+    holds), y is written part-major (`_part_major_stores`)."""
     r = rows or 1
     b = k // 32
     operands, operand_types = _operands(q, n, k)
-    name = decode_name(q, n, k, rows, kv)
+    name = decode_name(q, n, k, rows, kv, parts)
     kv_ops, kv_types = kv_prefetch.dispatch_operands(kv, r) if kv else ("", "")
     wrapper = (
         f"func.func private @{name}({_args(q, n, k)}, %x: tensor<{r}x{k}xf32>"
@@ -468,7 +516,7 @@ def render_decode(q: QuantType, n: int, k: int, rows: int = 0, kv: KvPrefetch | 
         f": ({operand_types}, tensor<{r}x{b}x32xf32>{kv_types}) -> tensor<{r}x{n}xf32>\n"
         f"  return %y : tensor<{r}x{n}xf32>\n}}\n"
     )
-    return _render(q, n, k, name, r, wrapper, prefill=False, kv=kv)
+    return _render(q, n, k, name, r, wrapper, prefill=False, kv=kv, parts=parts)
 
 
 def render_prefill(q: QuantType, n: int, k: int) -> str:
@@ -545,7 +593,15 @@ def _operands(q: QuantType, n: int, k: int) -> tuple[str, str]:
 
 
 def _render(
-    q: QuantType, n: int, k: int, name: str, r: int, wrapper: str, prefill: bool, kv: KvPrefetch | None = None
+    q: QuantType,
+    n: int,
+    k: int,
+    name: str,
+    r: int,
+    wrapper: str,
+    prefill: bool,
+    kv: KvPrefetch | None = None,
+    parts: tuple[int, ...] = (),
 ) -> str:
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = lanes(q, n, r)
@@ -581,8 +637,10 @@ def _render(
         "DX": f"{r}x{b}xf32",
         "QH": f"{ng}x{b}x4x2xi32",
     }
-    stores = []
-    for i in range(r):
+    if parts and not splits(q, n, r, parts):
+        raise ZincError(f"dot8: cannot write a {r}-row [{n}] output part-major as {parts}")
+    stores = _part_major_stores(r, n, v, parts) if parts else []
+    for i in range(0 if parts else r):
         acc = f"%acc#{i}" if r > 1 else "%acc0"
         stores += [
             f"      %ry{i} = arith.addi %r0, %c{i} : index",

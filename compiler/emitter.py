@@ -163,7 +163,11 @@ class Body:
             return [self.linear(t, q, n, k, x, t.rsplit(".", 2)[-2]) for t, q, n in parts]
         names = tuple(t for t, _, _ in parts)
         stacked = "+".join(names)
-        y = self._linear_tiled(stacked, q0, total, k, x, "stacked", names)
+        sizes = tuple(n for _, _, n in parts)
+        split = self.mod.layout(q0, total, k) == "dot8" and dot8.splits(q0, total, self.rows, sizes)
+        y = self._linear_tiled(stacked, q0, total, k, x, "stacked", names, sizes if split else ())
+        if split:
+            return self._part_major(y, [(t.rsplit(".", 2)[-2], n) for t, _, n in parts])
         outs, off = [], 0
         for t, _, n in parts:
             out = self.fresh(t.rsplit(".", 2)[-2])
@@ -175,8 +179,37 @@ class Body:
             off += n
         return outs
 
+    def _part_major(self, y: str, parts: list[tuple[str, int]]) -> list[str]:
+        """The parts of a decode batch's stacked matmul written part-major (zinc.compiler.dot8
+        `splits`): each a contiguous slice of it, [rows, n] -> act(n)."""
+        r, total = self.rows, sum(n for _, n in parts)
+        flat = self.fresh("flat")
+        self.emit(f"{flat} = tensor.collapse_shape {y} [[0, 1]] : tensor<{r}x{total}xf32> into tensor<{r * total}xf32>")
+        outs, off = [], 0
+        for hint, n in parts:
+            piece, block, out = self.fresh("piece"), self.fresh("block"), self.fresh(hint)
+            self.emit(
+                f"{piece} = tensor.extract_slice {flat}[{r * off}] [{r * n}] [1] : tensor<{r * total}xf32> to tensor<{r * n}xf32>"
+            )
+            self.emit(
+                f"{block} = tensor.expand_shape {piece} [[0, 1]] output_shape [{r}, {n}] "
+                f": tensor<{r * n}xf32> into tensor<{r}x{n}xf32>"
+            )
+            self.emit(f"{out} = tensor.cast {block} : tensor<{r}x{n}xf32> to {self.act(n)}")
+            outs.append(out)
+            off += n
+        return outs
+
     def _linear_tiled(
-        self, tensor: str, q: QuantType, n: int, k: int, x: str, hint: str, sources: tuple[str, ...] = ()
+        self,
+        tensor: str,
+        q: QuantType,
+        n: int,
+        k: int,
+        x: str,
+        hint: str,
+        sources: tuple[str, ...] = (),
+        parts: tuple[int, ...] = (),
     ) -> str:
         layout = self.mod.layout(q, n, k)
         assert layout is not None
@@ -189,11 +222,13 @@ class Body:
         if kv is not None:
             self.kv_prefetch = None
         if self.rows:  # a decode batch: the single-token kernel with a row loop, on static rows
-            name = self._decode_kernel(kern, q, n, k, self.rows, kv)
+            name = self._decode_kernel(kern, q, n, k, self.rows, kv, parts)
             xs = self.fresh("rows_in")
             self.emit(f"{xs} = tensor.cast {x} : {self.act(k)} to tensor<{self.rows}x{k}xf32>")
             ins = [*args, (xs, f"tensor<{self.rows}x{k}xf32>"), *self._kv_args(kv, self.rows)]
             y = self.call(name, ins, f"tensor<{self.rows}x{n}xf32>", hint)
+            if parts:  # part-major: the caller slices it (`_part_major`)
+                return y
             out = self.fresh(hint)
             self.emit(f"{out} = tensor.cast {y} : tensor<{self.rows}x{n}xf32> to {self.act(n)}")
             return out
@@ -204,12 +239,15 @@ class Body:
         return self.call(name, [*args, (x, self.act(k)), *self._kv_args(kv, 1)], self.act(n), hint)
 
     def _decode_kernel(
-        self, kern: WeightLayout, q: QuantType, n: int, k: int, rows: int, kv: KvPrefetch | None
+        self, kern: WeightLayout, q: QuantType, n: int, k: int, rows: int, kv: KvPrefetch | None, parts: tuple[int, ...] = ()
     ) -> str:
-        """The decode kernel of `rows` rows (0: one token) as a helper; with `kv` (only set for the
-        dot8 layout) the dot8 kernel that also prefetches K/V rows."""
-        if kv is not None:
-            return self.mod.helper(dot8.decode_name(q, n, k, rows, kv), dot8.render_decode(q, n, k, rows, kv))
+        """The decode kernel of `rows` rows (0: one token) as a helper; with `kv` or `parts` (only
+        set for the dot8 layout) the dot8 kernel that also prefetches K/V rows, or writes its
+        output part-major."""
+        if kv is not None or parts:
+            return self.mod.helper(
+                dot8.decode_name(q, n, k, rows, kv, parts), dot8.render_decode(q, n, k, rows, kv, parts)
+            )
         return self.mod.helper(kern.decode_name(q, n, k, rows), kern.render_decode(q, n, k, rows))
 
     def _kv_args(self, kv: KvPrefetch | None, rows: int) -> list[tuple[str, str]]:

@@ -174,7 +174,7 @@ class _Entry:
         if n > 1:  # back to the bucket's static shapes (a packed prefill's rows stay one per token)
             first = 0 if self.batch > 1 else 1
             results[first:] = [
-                (self._cast(v, ty, ty.replace("<?", f"<{n}")), ty.replace("<?", f"<{n}")) for v, ty in results[first:]
+                (self._cast(v, ty, _static(ty, n)), _static(ty, n)) for v, ty in results[first:]
             ]
         b.emit(f"return {', '.join(v for v, _ in results)} : {', '.join(ty for _, ty in results)}")
         sig = f"func.func @{name}(%cache: {ct}, {args}) -> ({', '.join(ty for _, ty in results)}) {{"
@@ -269,8 +269,8 @@ class _Entry:
             stored, read = paged.to_slab(b, v3, t, nkv, hd)  # as the slab keeps it, and as read back
             nxt = b.fresh("kv_new")
             b.emit(
-                f"{nxt} = tensor.insert_slice {stored} into {new_rows}[0, {il}, {part}, 0, 0] "
-                f"[{tv}, 1, 1, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}x{self.mod.kv_dtype}> "
+                f"{nxt} = tensor.insert_slice {stored} into {new_rows}[{il}, {part}, 0, 0, 0] "
+                f"[1, 1, {tv}, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}x{self.mod.kv_dtype}> "
                 f"into {self.rows_type}"
             )
             new_rows = nxt
@@ -364,3 +364,9 @@ def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str, by_hand:
     if hp.rope_type == "neox":
         return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint)
     return b.rope(x, pos, heads, hp.key_length, hp.rope_dimension_count, hp.rope_base(il), hint, by_hand)
+
+
+def _static(ty: str, n: int) -> str:
+    """A tensor type with its one dynamic dimension (the tokens') made `n`."""
+    dims = ty.removeprefix("tensor<").split("x")
+    return "tensor<" + "x".join(str(n) if d == "?" else d for d in dims)

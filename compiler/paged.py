@@ -25,8 +25,12 @@ def slab_type(hp: HParams, dt: str = "f32") -> str:
 
 
 def rows_type(hp: HParams, t: str, dt: str = "f32") -> str:
-    """A step's new K/V rows [T, L, 2, Hkv, hd]."""
-    return f"tensor<{t}x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}x{dt}>"
+    """A step's new K/V rows [L, 2, T, Hkv, hd], layer-major: each layer's K (and V) rows of all
+    T tokens are one contiguous block, so the step writes them where they are computed. Token-major
+    ([T, L, 2, ...], the slab's order) made every layer's K and V of a decode batch or a prompt
+    chunk a strided block, which IREE copies in by a one-workgroup `slow_memcpy` dispatch: two per
+    layer, 60 a step for SmolLM2."""
+    return f"tensor<{hp.block_count}x2x{t}x{hp.head_count_kv}x{hp.key_length}x{dt}>"
 
 
 def to_slab(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]:
@@ -127,17 +131,20 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
 
 
 def kv_write(hp: HParams, per_layer: bool = False, dt: str = "f32") -> str:
-    """`kv_write(cache, rows [T, L, 2, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
-    place; row t goes to slot `slots[t]` (padding rows of a batch all go to scratch slot 0, so the
-    indices need not be unique).
+    """`kv_write(cache, rows [L, 2, T, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
+    place; token t's rows go to slot `slots[t]` (padding rows of a batch all go to scratch slot 0,
+    so the indices need not be unique). One scatter of [Hkv, hd] pieces indexed by (slot, layer,
+    K|V).
 
     It is a separate call because IREE 3.13 drops the in-place write-back of an
     `iree.abi.output` argument that the same function also reads (it updates a copy).
-    `per_layer` (Vulkan) writes one scatter per layer, indexed by (slot, layer): IREE 3.13's
-    SPIR-V scatter leaves elements past about 65,000 per dispatch unwritten (checked on lavapipe).
+    `per_layer` (Vulkan) writes one scatter per layer: IREE 3.13's SPIR-V scatter leaves elements
+    past about 65,000 per dispatch unwritten (checked on lavapipe).
     `dt`: the slab's (and the rows') element type.
     """
+    nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
     ct, rt = slab_type(hp, dt), rows_type(hp, "?", dt)
+    piece = f"tensor<?x{nkv}x{hd}x{dt}>"
     lines = [
         f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
         "  %c0 = arith.constant 0 : index",
@@ -145,39 +152,58 @@ def kv_write(hp: HParams, per_layer: bool = False, dt: str = "f32") -> str:
     ]
     if not per_layer:
         lines += [
-            "  %idx = tensor.expand_shape %slots [[0, 1]] output_shape [%T, 1] : tensor<?xi32> into tensor<?x1xi32>",
-            *_scatter("%r", "%rows", rt, "%idx", "%cache", ct, "[0]", dt),
+            *_indices("%idx", nl, 0),
+            f"  %pieces = tensor.collapse_shape %rows [[0, 1, 2], [3], [4]] : {rt} into {piece}",
+            *_scatter("%r", "%pieces", piece, "%idx", "%cache", ct, dt),
             f"  return %r : {ct}",
             "}",
         ]
         return "\n".join(lines)
-    nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
-    lt = f"tensor<?x2x{nkv}x{hd}x{dt}>"
+    lt = f"tensor<1x2x?x{nkv}x{hd}x{dt}>"
     acc = "%cache"
     for il in range(nl):
         lines += [
-            f"  %ix{il} = tensor.empty(%T) : tensor<?x2xi32>",
-            f"  %id{il} = linalg.generic {{indexing_maps = [affine_map<(t, c) -> (t)>, affine_map<(t, c) -> (t, c)>], "
-            f'iterator_types = ["parallel", "parallel"]}} ins(%slots : tensor<?xi32>) outs(%ix{il} : tensor<?x2xi32>) {{',
-            "    ^bb0(%s: i32, %o: i32):",
-            "      %c = linalg.index 1 : index",
-            "      %first = arith.cmpi eq, %c, %c0 : index",
-            f"      %l = arith.constant {il} : i32",
-            "      %v = arith.select %first, %s, %l : i32",
-            "      linalg.yield %v : i32",
-            "  } -> tensor<?x2xi32>",
-            f"  %u{il} = tensor.extract_slice %rows[0, {il}, 0, 0, 0] [%T, 1, 2, {nkv}, {hd}] [1, 1, 1, 1, 1] : {rt} to {lt}",
-            *_scatter(f"%w{il}", f"%u{il}", lt, f"%id{il}", acc, ct, "[0, 1]", dt),
+            *_indices(f"%id{il}", 1, il),
+            f"  %s{il} = tensor.extract_slice %rows[{il}, 0, 0, 0, 0] [1, 2, %T, {nkv}, {hd}] [1, 1, 1, 1, 1] : {rt} to {lt}",
+            f"  %u{il} = tensor.collapse_shape %s{il} [[0, 1, 2], [3], [4]] : {lt} into {piece}",
+            *_scatter(f"%w{il}", f"%u{il}", piece, f"%id{il}", acc, ct, dt),
         ]
         acc = f"%w{il}"
     return "\n".join([*lines, f"  return {acc} : {ct}", "}"])
 
 
-def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dims: str, dt: str) -> list[str]:
-    it = "tensor<?x1xi32>" if dims == "[0]" else "tensor<?x2xi32>"
+def _indices(out: str, layers: int, first: int) -> list[str]:
+    """The scatter indices of `layers` layers' rows from layer `first` on, [layers * 2 * T, 3]: row
+    (l, part, t) goes to (slots[t], first + l, part)."""
+    e, g, it = f"{out}_e", f"{out}_g", f"tensor<{layers}x2x?x3xi32>"
     return [
-        f"  {out} = iree_linalg_ext.scatter dimension_map = {dims} unique_indices(false)",
-        f"      ins({updates}, {idx} : {ut}, {it}) outs({into} : {ct}) {{",
+        f"  {e} = tensor.empty(%T) : {it}",
+        f"  {g} = linalg.generic {{indexing_maps = [affine_map<(l, p, t, c) -> (t)>, affine_map<(l, p, t, c) -> (l, p, t, c)>], "
+        'iterator_types = ["parallel", "parallel", "parallel", "parallel"]} '
+        f"ins(%slots : tensor<?xi32>) outs({e} : {it}) {{",
+        "    ^bb0(%s: i32, %o: i32):",
+        "      %il = linalg.index 0 : index",
+        "      %ip = linalg.index 1 : index",
+        "      %ic = linalg.index 3 : index",
+        f"      %ibase = arith.constant {first} : index",
+        "      %ione = arith.constant 1 : index",
+        "      %izero = arith.constant 0 : index",
+        "      %ilayer = arith.addi %il, %ibase : index",
+        "      %isel = arith.cmpi eq, %ic, %ione : index",
+        "      %ilp = arith.select %isel, %ilayer, %ip : index",
+        "      %ilpi = arith.index_cast %ilp : index to i32",
+        "      %islot = arith.cmpi eq, %ic, %izero : index",
+        "      %v = arith.select %islot, %s, %ilpi : i32",
+        "      linalg.yield %v : i32",
+        f"  }} -> {it}",
+        f"  {out} = tensor.collapse_shape {g} [[0, 1, 2], [3]] : {it} into tensor<?x3xi32>",
+    ]
+
+
+def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dt: str) -> list[str]:
+    return [
+        f"  {out} = iree_linalg_ext.scatter dimension_map = [0, 1, 2] unique_indices(false)",
+        f"      ins({updates}, {idx} : {ut}, tensor<?x3xi32>) outs({into} : {ct}) {{",
         f"    ^bb0(%u: {dt}, %o: {dt}):",
         f"      iree_linalg_ext.yield %u : {dt}",
         f"  }} -> {ct}",

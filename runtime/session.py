@@ -51,6 +51,11 @@ def _prefill_ctx(where: np.ndarray[Any, np.dtype[np.int32]], at: int, n: int) ->
     return ctx
 
 
+def layer_major(rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """K/V rows in the slab's order [T, L, 2, Hkv, hd] as `kv_write` takes them: [L, 2, T, Hkv, hd]."""
+    return np.ascontiguousarray(rows.transpose(1, 2, 0, 3, 4))
+
+
 def _finished() -> None:
     """The wait of a step whose call was already waited for."""
 
@@ -150,7 +155,7 @@ class ModelSession:
         if self.kv_dtype not in ELEMENT_TYPES:
             raise ArtifactError(f"{artifact_dir}: KV cache type {self.kv_dtype!r} is not supported")
         self.cache = self.module.empty((self.kv_slots, *self.row_shape), self.kv_dtype)  # only written slots are read
-        zero = np.zeros((1, *self.row_shape), ELEMENT_TYPES[self.kv_dtype][0])  # padding reads scratch slot 0: keep it finite
+        zero = layer_major(np.zeros((1, *self.row_shape), ELEMENT_TYPES[self.kv_dtype][0]))  # padding reads scratch slot 0: keep it finite
         self._kv_write(self.cache, self.module.to_device(zero), self.module.to_device(np.zeros(1, np.int32)))
 
     @property

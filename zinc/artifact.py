@@ -22,7 +22,7 @@ from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
 
-FORMAT_VERSION = 2  # 2: slot-major paged KV slab, decode_b{B} batch buckets
+FORMAT_VERSION = 3  # 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows
 MANIFEST = "manifest.json"
 
 
@@ -30,7 +30,7 @@ MANIFEST = "manifest.json"
 class KVCacheGeometry:
     layout: str = "[slots, block_count, 2 (K|V), head_count_kv, key_length]"  # a slot: one position's K/V
     dtype: str = "f32"  # "f16" on the CPU, "f32" on Vulkan
-    writer: str = "kv_write"  # the step functions return new rows; this entry point stores them
+    writer: str = "kv_write"  # the step functions return new rows [L, 2, T, Hkv, hd]; this entry point stores them
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from zinc.compiler.targets import ASYNC, TARGET_FLAGS, compile_mlir
 from zinc.runtime.device import open_device, to_host
 from zinc.runtime.invoke import Timeline
 from zinc.runtime.module import LoadedModule
+from zinc.runtime.session import layer_major
 
 SLOTS = 64
 
@@ -36,7 +37,7 @@ def _fill(mod: LoadedModule, vulkan: bool) -> tuple[object, np.ndarray]:
     write = mod.fn("kv_write")
     for at in range(0, SLOTS, 8):
         where = np.arange(at, at + 8, dtype=np.int32)
-        write.submit(cache, mod.to_device(expect[at : at + 8]), mod.to_device(where))
+        write.submit(cache, mod.to_device(layer_major(expect[at : at + 8])), mod.to_device(where))
     return cache, expect
 
 

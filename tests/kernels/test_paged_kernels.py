@@ -19,6 +19,7 @@ from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
+from zinc.runtime.session import layer_major
 
 L, HKV, HD = 30, 3, 64  # SmolLM2-135M: a slot is 11,520 floats
 
@@ -53,11 +54,11 @@ def test_kv_write_and_gathers_by_slot(device: str) -> None:
     expect = rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt)
     for at in range(0, slots, 8):  # eight rows per write, as a Vulkan prefill chunk: 92,160 floats
         mod.fn("kv_write")(
-            cache, mod.to_device(expect[at : at + 8]), mod.to_device(np.arange(at, at + 8, dtype=np.int32))
+            cache, mod.to_device(layer_major(expect[at : at + 8])), mod.to_device(np.arange(at, at + 8, dtype=np.int32))
         )
     rows = rng.standard_normal((3, L, 2, HKV, HD)).astype(np_dt)
     where = np.array([17, 3, 390], np.int32)
-    mod.fn("kv_write")(cache, mod.to_device(rows), mod.to_device(where))
+    mod.fn("kv_write")(cache, mod.to_device(layer_major(rows)), mod.to_device(where))
     expect[where] = rows
     assert np.array_equal(to_host(cache, mod.device), expect)
     ctx = rng.permutation(slots).astype(np.int32)

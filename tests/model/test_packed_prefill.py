@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import SessionFactory, device_params
 from zinc.errors import InvalidRequestError
+from zinc.runtime.session import layer_major
 
 
 @pytest.mark.parametrize("device", device_params("cpu"))
@@ -36,7 +37,7 @@ def test_packed_prefill_equals_each_prompt_alone(
     rows = np.asarray(session.cache.to_host())[written]
     for n in (3, 4):  # 3: the bucket of 4 with a padding prompt
         session.module.fn("kv_write")(  # clear the rows, so the packed call has to write them again
-            session.cache, session.module.to_device(np.zeros_like(rows)), session.module.to_device(written)
+            session.cache, session.module.to_device(layer_major(np.zeros_like(rows))), session.module.to_device(written)
         )
         session.prefill_rows(prompts[0][:6], 0, slots[0][:6])
         packed = session.prefill_packed(jobs[:n])
