@@ -3,8 +3,10 @@
 Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper functions rendered
 once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
 right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension. On
-the CPU the argmax, RMSNorm and q's RoPE are hand-written dispatches over a dynamic row count
-(`_rows_call`, which casts a one-token body's [1, n] to [?, n] and the result back). A decode
+the CPU the argmax, RMSNorm (alone or with the residual add before it) and q's RoPE are
+hand-written dispatches over a dynamic row count (`_rows_call`, which casts a one-token body's
+[1, n] to [?, n] and the result back). A decode batch's stacked dot8 matmul writes its parts
+part-major (`_part_major`: each part a contiguous slice, not a strided copy). A decode
 body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv_prefetch`
 (zinc.compiler.kv_prefetch) and gets the slab, the rows' slots and lengths as operands.
 Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
@@ -281,6 +283,35 @@ class Body:
         name = f"rmsnorm_cpu_{d}_e{_sym(eps)}"
         self.mod.helper(name, template("rmsnorm_cpu.mlir").substitute(NAME=name, C=str(d // NORM_LANES), **subs))
         return self._rows_call(name, [(x, d)], [(w, f"tensor<{d}xf32>")], f"x{d}xf32", hint)
+
+    def add_rmsnorm(self, x: str, r: str, w: str, d: int, eps: float, hint: str) -> tuple[str, str]:
+        """The residual add s = x + r [T, d] and RMSNorm(s): on the CPU (where `rmsnorm` takes the
+        hand-written dispatch) one dispatch of mlir/add_rmsnorm_cpu.mlir, with the bits of the
+        two run apart; else `elementwise` add, then `rmsnorm`. Returns (s, the norm)."""
+        if not (self.mod.tiled and d % NORM_LANES == 0):
+            s = self.elementwise("add", x, r, d, f"{hint}_in")
+            return s, self.rmsnorm(s, w, d, eps, hint)
+        name = f"add_rmsnorm_cpu_{d}_e{_sym(eps)}"
+        subs = {"D": str(d), "DF": f32_const(float(d)), "EPS": f32_const(eps), "C": str(d // NORM_LANES)}
+        self.mod.helper(name, template("add_rmsnorm_cpu.mlir").substitute(NAME=name, **subs))
+        rows = f"tensor<?x{d}xf32>"
+        args = []
+        for value in (x, r):
+            if self.t != "?":
+                cast = self.fresh("rows")
+                self.emit(f"{cast} = tensor.cast {value} : {self.act(d)} to {rows}")
+                value = cast
+            args.append(value)
+        out = self.fresh(hint)
+        self.emit(
+            f"{out}:2 = func.call @{name}({args[0]}, {args[1]}, {w}) : ({rows}, {rows}, tensor<{d}xf32>) -> ({rows}, {rows})"
+        )
+        results = [f"{out}#0", f"{out}#1"]
+        if self.t != "?":
+            for i, value in enumerate(results):
+                results[i] = self.fresh(hint)
+                self.emit(f"{results[i]} = tensor.cast {value} : {rows} to {self.act(d)}")
+        return results[0], results[1]
 
     def _rows_call(self, fn: str, rows: list[tuple[str, int]], rest: list[tuple[str, str]], out: str, hint: str) -> str:
         """Call a CPU dispatch that takes its [T, *] f32 operands (`rows`: value and width) and

@@ -14,22 +14,22 @@ Entry points (the artifact contract, see zinc/artifact.py). The KV cache is one 
 [NS, L, 2, Hkv, hd]; a sequence's positions live in slots its page table names (zinc.engine.pages),
 so every step takes the slots of the cached positions it attends over:
   prefill(cache, ids [T] i32, start index, ctx [S >= start + T] i32)
-      -> (rows [T,L,2,Hkv,hd], logits [1,V], token [1] i32)       one sequence, positions start..;
+      -> (rows [L,2,T,Hkv,hd], logits [1,V], token [1] i32)       one sequence, positions start..;
                                                                   ctx: the slots of positions < start,
                                                                   then scratch slot 0
   prefill_kv(cache, ids [T] i32, start index, ctx [S >= start + T] i32)
-      -> rows [T,L,2,Hkv,hd]                                      the same rows without the output
+      -> rows [L,2,T,Hkv,hd]                                      the same rows without the output
                                                                   head, for a prompt's earlier chunks
   prefill_x{N}(cache, ids [T] i32, pos [T] i32, then per segment i < N:    (the CPU only) N prompts' last
               off_i, len_i, start_i index, ctx_i [S_i] i32)       chunks packed in one call: segment
-      -> (rows [T,L,2,Hkv,hd], logits [N,V], tokens [N] i32)      i is ids[off_i : off_i + len_i] at
+      -> (rows [L,2,T,Hkv,hd], logits [N,V], tokens [N] i32)      i is ids[off_i : off_i + len_i] at
                                                                   positions start_i.., with its own
                                                                   ctx as in prefill; logits of each
                                                                   segment's last position
   decode_b{B}(cache, ids [B] i32, pos [B] i32, ctx [B,S] i32)
-      -> (rows [B,L,2,Hkv,hd], logits [B,V], tokens [B] i32)      B sequences, one token each;
+      -> (rows [L,2,B,Hkv,hd], logits [B,V], tokens [B] i32)      B sequences, one token each;
                                                                   row b sees ctx[b, :pos[b]]
-  kv_write(cache, rows [T,L,2,Hkv,hd], slots [T] i32) -> cache    in place (`iree.abi.output = 0`)
+  kv_write(cache, rows [L,2,T,Hkv,hd], slots [T] i32) -> cache    in place (`iree.abi.output = 0`)
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
 prefill_x{N} has one entry per bucket N > 1: the matmuls, norms and RoPE run over all T rows at
@@ -40,8 +40,12 @@ row as a decode batch's does, so its K/V rows and logits are bit for bit a lone 
 The step functions only read the cache; the caller owns the slab on the device and calls
 kv_write with the step's new K/V rows. On the CPU a decode step's layer l gate/up matmul (layer 0:
 its q/k/v matmul) also prefetches layer l + 1's (0's) cached K/V rows (zinc.compiler.kv_prefetch).
-K rows are stored after QK-norm and RoPE. The slab and the rows are f16 on the CPU and f32 on
-Vulkan (the manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype).
+K rows are stored after QK-norm and RoPE. The rows a step returns are layer-major, so each
+layer's K and V rows are written in place as whole blocks (zinc.compiler.paged `rows_type`). The
+slab and the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`,
+ModuleEmitter.kv_dtype). Each residual add that a norm follows is handed to that norm
+(`Body.add_rmsnorm`: one dispatch on the CPU): the attention's to ffn_norm, and a layer's FFN
+output to the next layer's attn_norm.
 Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels,
 zinc.compiler.kv_prefetch, zinc.model.hparams.
 """
@@ -147,6 +151,11 @@ class _Entry:
         d = self.hp.embedding_length
         return self.b.rmsnorm(x, self.vector(name, d), d, self.hp.layer_norm_rms_epsilon, hint)
 
+    def add_norm(self, x: str, r: str, name: str, hint: str) -> tuple[str, str]:
+        """The residual add x + r and the norm after it (one CPU dispatch): (the sum, its norm)."""
+        d = self.hp.embedding_length
+        return self.b.add_rmsnorm(x, r, self.vector(name, d), d, self.hp.layer_norm_rms_epsilon, hint)
+
     def text(self, name: str) -> str:
         hp, b = self.hp, self.b
         d, nv = hp.embedding_length, hp.vocab_size
@@ -161,8 +170,11 @@ class _Entry:
             x = b.scale(x, hp.embedding_scale, d, "inp_scaled")
         new_rows = b.fresh("kv_new")
         b.emit(f"{new_rows} = tensor.empty({'%T' if self.dynamic else ''}) : {self.rows_type}")
+        pending: str | None = None  # the last layer's FFN output, added to x by the next norm
         for il in range(hp.block_count):
-            x, new_rows = self.layer(il, x, new_rows)
+            x, pending, new_rows = self.layer(il, x, pending, new_rows)
+        if pending is not None:
+            x = b.elementwise("add", x, pending, d, "l_out")
         if self.rows_only:
             b.emit(f"return {new_rows} : {self.rows_type}")
             sig = f"func.func @{name}(%cache: {ct}, {args}) -> {self.rows_type} {{"
@@ -202,16 +214,21 @@ class _Entry:
         self.b.emit(f"{out} = tensor.cast {value} : {src} to {dst}")
         return out
 
-    def layer(self, il: int, x: str, new_rows: str) -> tuple[str, str]:
+    def layer(self, il: int, x: str, pending: str | None, new_rows: str) -> tuple[str, str, str]:
+        """Layer `il` on the residual stream x (plus `pending`, the layer before's FFN output, not
+        yet added: the add goes into this layer's first norm). Returns x after the attention's add,
+        this layer's FFN output (pending) and the K/V rows."""
         hp, b, p = self.hp, self.b, f"blk.{il}."
         d, ff = hp.embedding_length, hp.feed_forward_length
-        cur = self.norm(x, p + "attn_norm.weight", "attn_norm")
+        if pending is None:
+            cur = self.norm(x, p + "attn_norm.weight", "attn_norm")
+        else:
+            x, cur = self.add_norm(x, pending, p + "attn_norm.weight", "attn_norm")
         att, new_rows = self.attention(il, cur, new_rows)
         att = self.mm(p + "attn_output.weight", d, hp.head_count * hp.key_length, att, "attn_out")  # [T, d]
         if hp.post_norms:
             att = self.norm(att, p + "post_attention_norm.weight", "attn_post_norm")
-        x = b.elementwise("add", x, att, d, "ffn_inp")
-        cur = self.norm(x, p + "ffn_norm.weight", "ffn_norm")
+        x, cur = self.add_norm(x, att, p + "ffn_norm.weight", "ffn_norm")
         self._prefetch_kv(il + 1)  # the next layer's cached K/V, while gate/up's arithmetic runs
         gate, up = self.mms([p + "ffn_gate.weight", p + "ffn_up.weight"], [ff, ff], d, cur)  # [T, ff] each
         b.kv_prefetch = None
@@ -222,7 +239,7 @@ class _Entry:
         cur = self.mm(p + "ffn_down.weight", d, ff, cur, "ffn_out")  # [T, d]
         if hp.post_norms:
             cur = self.norm(cur, p + "post_ffw_norm.weight", "ffn_post_norm")
-        return b.elementwise("add", x, cur, d, "l_out"), new_rows
+        return x, cur, new_rows
 
     def _prefetch_kv(self, il: int) -> None:
         """In a decode step (the CPU), have the next integer dot-product matmul prefetch layer `il`'s
