@@ -12,7 +12,7 @@ and reading the step waits for it) and `decode_next` (the step after one of thos
 tokens on the device, so it can be enqueued before that one is read), each given the slots of
 the positions it reads and writes; `prefill` / `decode` are the single-sequence forms with
 slot = position. Only the greedy tokens (4 bytes each) cross back to the host unless the caller
-asks for logits.
+asks for logits. `layer_major` puts rows held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).
 Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model, zinc.errors.
 """
 
