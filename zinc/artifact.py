@@ -63,7 +63,8 @@ class Manifest:
         version = d.get("format_version")
         if version != FORMAT_VERSION:
             raise ArtifactError(
-                f"artifact format version {version!r} is not supported (expected {FORMAT_VERSION})"
+                f"artifact format version {version!r} is not supported (expected {FORMAT_VERSION}): "
+                "compile it again with `zinc compile`"
             )
         try:
             return Manifest(
