@@ -276,7 +276,7 @@ class Body:
         multiple of `NORM_LANES`, else the linalg form of mlir/rmsnorm.mlir (IREE adds its squares
         one after another: 0.5 us a SmolLM2 row, 61 norms a token)."""
         subs = {"D": str(d), "DF": f32_const(float(d)), "EPS": f32_const(eps)}
-        if not (self.mod.tiled and d % NORM_LANES == 0):
+        if not self._norm_by_hand(d):
             name = f"rmsnorm_{self.t_tag}_{d}"
             self.mod.helper(name, template("rmsnorm.mlir").substitute(NAME=name, **subs, **t_dims(self.dynamic)))
             return self.call(name, [(x, self.act(d)), (w, f"tensor<{d}xf32>")], self.act(d), hint)
@@ -288,35 +288,29 @@ class Body:
         """The residual add s = x + r [T, d] and RMSNorm(s): on the CPU (where `rmsnorm` takes the
         hand-written dispatch) one dispatch of mlir/add_rmsnorm_cpu.mlir, with the bits of the
         two run apart; else `elementwise` add, then `rmsnorm`. Returns (s, the norm)."""
-        if not (self.mod.tiled and d % NORM_LANES == 0):
+        if not self._norm_by_hand(d):
             s = self.elementwise("add", x, r, d, f"{hint}_in")
             return s, self.rmsnorm(s, w, d, eps, hint)
         name = f"add_rmsnorm_cpu_{d}_e{_sym(eps)}"
         subs = {"D": str(d), "DF": f32_const(float(d)), "EPS": f32_const(eps), "C": str(d // NORM_LANES)}
         self.mod.helper(name, template("add_rmsnorm_cpu.mlir").substitute(NAME=name, **subs))
-        rows = f"tensor<?x{d}xf32>"
-        args = []
-        for value in (x, r):
-            if self.t != "?":
-                cast = self.fresh("rows")
-                self.emit(f"{cast} = tensor.cast {value} : {self.act(d)} to {rows}")
-                value = cast
-            args.append(value)
-        out = self.fresh(hint)
-        self.emit(
-            f"{out}:2 = func.call @{name}({args[0]}, {args[1]}, {w}) : ({rows}, {rows}, tensor<{d}xf32>) -> ({rows}, {rows})"
-        )
-        results = [f"{out}#0", f"{out}#1"]
-        if self.t != "?":
-            for i, value in enumerate(results):
-                results[i] = self.fresh(hint)
-                self.emit(f"{results[i]} = tensor.cast {value} : {rows} to {self.act(d)}")
-        return results[0], results[1]
+        s, y = self._rows_call_n(name, [(x, d), (r, d)], [(w, f"tensor<{d}xf32>")], f"x{d}xf32", hint, 2)
+        return s, y
+
+    def _norm_by_hand(self, d: int) -> bool:
+        """Whether a norm over d takes the CPU's hand-written dispatch (16 lanes)."""
+        return self.mod.tiled and d % NORM_LANES == 0
 
     def _rows_call(self, fn: str, rows: list[tuple[str, int]], rest: list[tuple[str, str]], out: str, hint: str) -> str:
         """Call a CPU dispatch that takes its [T, *] f32 operands (`rows`: value and width) and
         returns `tensor<?{out}>` (`out`: the type past T, as "x576xf32" or "xi32") with a dynamic
         T: a one-token body's [1, *] values are cast to [?, *] and the result back to [1, ...]."""
+        return self._rows_call_n(fn, rows, rest, out, hint, 1)[0]
+
+    def _rows_call_n(
+        self, fn: str, rows: list[tuple[str, int]], rest: list[tuple[str, str]], out: str, hint: str, n: int
+    ) -> list[str]:
+        """`_rows_call` of a dispatch with `n` results, each `tensor<?{out}>`."""
         args = []
         for value, width in rows:
             if self.t != "?":
@@ -324,12 +318,23 @@ class Body:
                 self.emit(f"{cast} = tensor.cast {value} : {self.act(width)} to tensor<?x{width}xf32>")
                 value = cast
             args.append((value, f"tensor<?x{width}xf32>"))
-        result = self.call(fn, [*args, *rest], f"tensor<?{out}>", hint)
+        ty = f"tensor<?{out}>"
+        if n == 1:
+            results = [self.call(fn, [*args, *rest], ty, hint)]
+        else:
+            call = self.fresh(hint)
+            names = ", ".join(a for a, _ in [*args, *rest])
+            types = ", ".join(t for _, t in [*args, *rest])
+            self.emit(f"{call}:{n} = func.call @{fn}({names}) : ({types}) -> ({', '.join([ty] * n)})")
+            results = [f"{call}#{i}" for i in range(n)]
         if self.t == "?":
-            return result
-        y = self.fresh(hint)
-        self.emit(f"{y} = tensor.cast {result} : tensor<?{out}> to tensor<{self.t}{out}>")
-        return y
+            return results
+        static = []
+        for value in results:
+            y = self.fresh(hint)
+            self.emit(f"{y} = tensor.cast {value} : {ty} to tensor<{self.t}{out}>")
+            static.append(y)
+        return static
 
     def rope(
         self, x: str, start: str, heads: int, head_dim: int, n_rot: int, base: float, hint: str, by_hand: bool = True
