@@ -4,13 +4,18 @@ call (zinc.engine.batcher.Scheduler._prefills), against the fake StepModel
 
 Packed calls keep the plan's order, hold at most `max_packed` prompts and `packed_tokens` tokens,
 never take a chunk that does not end its prompt, and give each request the tokens it gets alone;
-a packed call that fails ends its own requests only.
+a packed call that fails ends its own requests only. While nothing decodes, requests that come a
+little apart still go in one call (`batch_wait`), a lone one waits that long only, and a stream of
+requests that never pauses is served after `BATCH_WAIT_CAP` times it.
 """
 
 from __future__ import annotations
 
+import time
+
 from tests.unit._fake_step_model import PAGE, FakeModel, prompt
 from tests.unit.test_scheduler import Run, make
+from zinc.engine.batcher import BATCH_WAIT_CAP
 
 
 def kinds(model: FakeModel) -> list[tuple[str, int]]:
@@ -70,5 +75,58 @@ def test_a_failed_packed_call_ends_its_requests_and_the_loop_goes_on() -> None:
         later = [Run(scheduler, prompt(92 + i, 5), max_tokens=4) for i in range(2)]
         assert all(run.wait().reason == "length" and run.exact() for run in later)
         assert scheduler.stats().pages.in_use == 0
+    finally:
+        scheduler.close()
+
+
+def test_requests_that_come_apart_within_the_batch_wait_share_one_call() -> None:
+    for wait, first in ((0.25, ("packed", 18)), (0.0, ("prefill", 6))):  # without the wait, the first goes alone
+        model = FakeModel(kv_slots=PAGE * 40, max_packed=4, packed_tokens=32)
+        scheduler = make(model, prefill_chunk=64, batch_wait=wait)
+        scheduler.start()
+        try:
+            runs = [Run(scheduler, prompt(100, 6), max_tokens=3)]
+            if not wait:  # the first is prefilled at once, alone
+                assert runs[0].first.wait(5)
+            for i in (1, 2):
+                time.sleep(0.01)
+                runs.append(Run(scheduler, prompt(100 + i, 6), max_tokens=3))
+            assert all(run.wait().reason == "length" and run.exact() for run in runs)
+            assert kinds(model)[0] == first
+        finally:
+            scheduler.close()
+
+
+def test_a_lone_request_waits_the_batch_wait_once() -> None:
+    model = FakeModel(kv_slots=PAGE * 40, max_packed=4)
+    scheduler = make(model, prefill_chunk=64, batch_wait=0.1)
+    scheduler.start()
+    try:
+        t0 = time.monotonic()
+        run = Run(scheduler, prompt(110, 5), max_tokens=6)
+        assert run.first.wait(5)
+        first = time.monotonic() - t0
+        assert run.wait().reason == "length" and run.exact()
+        assert first >= 0.1
+        assert time.monotonic() - t0 < first + 0.1  # its decode steps did not wait again
+    finally:
+        scheduler.close()
+
+
+def test_requests_that_keep_coming_stop_the_wait_after_its_cap() -> None:
+    model = FakeModel(kv_slots=PAGE * 80, max_packed=4, packed_tokens=64, max_batch=8)
+    wait = 0.02
+    scheduler = make(model, prefill_chunk=64, batch_wait=wait, max_queue=64)
+    scheduler.start()
+    try:
+        t0 = time.monotonic()
+        runs = [Run(scheduler, prompt(120, 4), max_tokens=2)]
+        while time.monotonic() - t0 < 3 * BATCH_WAIT_CAP * wait:  # a request every quarter of the wait
+            time.sleep(wait / 4)
+            runs.append(Run(scheduler, prompt(120 + len(runs), 4), max_tokens=2))
+            if runs[0].first.is_set():
+                break
+        assert runs[0].first.is_set(), "the first request was still waiting after the cap"
+        assert all(run.wait().reason == "length" and run.exact() for run in runs)
     finally:
         scheduler.close()

@@ -8,7 +8,10 @@ sequence that is generating, so a new request never waits for others to finish, 
 never stall for a whole long prompt, and requests that arrive together start decoding together (one
 batch from their first token on). A chunk that does not end its prompt stores its K/V rows only
 (`prefill_rows`: no output head); the last chunks of several prompts in one iteration go to the
-device in one call where the model packs them (`prefill_packed`). Prompts first take the pages of
+device in one call where the model packs them (`prefill_packed`); while nothing is decoding, a
+new prompt waits `batch_wait` for the requests that come with it (each one restarts the wait, up
+to `BATCH_WAIT_CAP` times it in all), so that a burst goes in one such call instead of its first
+request alone and the rest behind it. Prompts first take the pages of
 their longest cached prefix (`PagePool.lookup`); pages grow on demand; when none is free the least
 recently used cached page is evicted, then the least recently used session dropped, then the
 youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and the
@@ -59,6 +62,13 @@ CHAIN_DEPTH = 2
 # busy host): a request that comes in earlier waits for the running step only, not for one more.
 ENQUEUE_LEAD_S = 0.003
 STEP_TIMES = 8  # a step's expected time is the shortest of the batch's last few (a late read is longer)
+# While nothing is decoding, a prompt waits this long after the newest request for others to come
+# with it. 8 streams sent at once reach the scheduler over 3-5 ms on a busy 2-core host (each is
+# parsed and tokenized on the event loop), 0.3-0.9 ms apart: without the wait the first went alone
+# (a 12-token prompt, 11 ms) and the other 7 in a second call, and 4 or 8 streams' aggregate tokens/s
+# was 5-7% lower (docs/PERFORMANCE.md, History). A lone request pays it once, on its first token.
+BATCH_WAIT_S = 0.001
+BATCH_WAIT_CAP = 8  # the whole wait is at most this many times `batch_wait` (requests keep coming)
 log = logging.getLogger("zinc.engine")
 
 
@@ -112,8 +122,10 @@ class Scheduler:
         parallel: int = 8,
         max_queue: int = 16,
         prefill_chunk: int = 128,
+        batch_wait: float = BATCH_WAIT_S,
     ) -> None:
         self.model = model
+        self.batch_wait = batch_wait
         self.parallel = max(1, parallel)
         self.max_queue = max_queue
         self.prefill_chunk = prefill_chunk
@@ -125,6 +137,8 @@ class Scheduler:
         self._running: list[_Sequence] = []
         self._closed = False
         self._arrivals = 0
+        self._submitted = 0.0  # when the newest request came (time.monotonic)
+        self._gathering: float | None = None  # when the current wait for a burst's requests began
         self._inflight: deque[_Inflight] = deque()  # decode steps enqueued, not yet read back
         self._started = 0.0  # when the oldest step on the device started there (time.monotonic)
         self._step_times: deque[float] = deque(maxlen=STEP_TIMES)  # the last steps' device times
@@ -167,6 +181,7 @@ class Scheduler:
                     f"the server is busy: {len(self._running)} requests running and {len(self._waiting)} waiting; retry later"
                 )
             self._waiting.append(seq)
+            self._submitted = time.monotonic()
             self._cond.notify_all()
         return SequenceHandle(self, seq)
 
@@ -199,6 +214,9 @@ class Scheduler:
                     continue
                 prefills = self._prefill_plan()
                 decode = [s for s in self._running if s.decoding]
+                if prefills and not decode and not self._inflight and (gather := self._gather()) > 0:
+                    self._cond.wait(gather)  # a new request wakes it, and restarts the wait
+                    continue
                 chain = not prefills and self._chains(decode, len(self._inflight))
                 if chain and len(self._inflight) == CHAIN_DEPTH - 1 and (hold := self._hold()) > 0:
                     self._cond.wait(hold)  # a new request (or a cancel) wakes it at once
@@ -403,6 +421,18 @@ class Scheduler:
             self._complete(self._inflight[0])
             return
         self._inflight.append(_Inflight(last.group, self.model.decode_next(last.step, positions, slots)))
+
+    def _gather(self) -> float:
+        """Seconds to wait before prefilling while nothing is decoding (the lock is held): until
+        `batch_wait` after the newest request, and no later than `BATCH_WAIT_CAP` times that after
+        the wait began."""
+        now = time.monotonic()
+        if self._gathering is None:
+            self._gathering = now
+        gather = min(self._submitted + self.batch_wait, self._gathering + BATCH_WAIT_CAP * self.batch_wait) - now
+        if gather <= 0:
+            self._gathering = None
+        return gather
 
     def _hold(self) -> float:
         """Seconds to wait before enqueueing the step after the one running (the lock is held):
