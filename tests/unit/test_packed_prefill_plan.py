@@ -130,3 +130,23 @@ def test_requests_that_keep_coming_stop_the_wait_after_its_cap() -> None:
         assert all(run.wait().reason == "length" and run.exact() for run in runs)
     finally:
         scheduler.close()
+
+
+def test_a_request_cancelled_while_waiting_leaves_the_next_burst_its_wait() -> None:
+    model = FakeModel(kv_slots=PAGE * 40, max_packed=4, packed_tokens=32)
+    wait = 0.05
+    scheduler = make(model, prefill_chunk=64, batch_wait=wait)
+    scheduler.start()
+    try:
+        gone = Run(scheduler, prompt(130, 6), max_tokens=3)
+        time.sleep(wait / 2)
+        gone.handle.cancel()  # inside its wait
+        assert gone.wait().reason == "abort"
+        time.sleep(BATCH_WAIT_CAP * wait + 0.1)  # past the cap of the wait it was in
+        runs = [Run(scheduler, prompt(131, 6), max_tokens=3)]
+        time.sleep(0.01)
+        runs.append(Run(scheduler, prompt(132, 6), max_tokens=3))
+        assert all(run.wait().reason == "length" and run.exact() for run in runs)
+        assert kinds(model)[0] == ("packed", 12)
+    finally:
+        scheduler.close()

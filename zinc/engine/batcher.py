@@ -217,6 +217,7 @@ class Scheduler:
                 if prefills and not decode and not self._inflight and (gather := self._gather()) > 0:
                     self._cond.wait(gather)  # a new request wakes it, and restarts the wait
                     continue
+                self._gathering = None  # the wait is over (or was cut short by a cancel)
                 chain = not prefills and self._chains(decode, len(self._inflight))
                 if chain and len(self._inflight) == CHAIN_DEPTH - 1 and (hold := self._hold()) > 0:
                     self._cond.wait(hold)  # a new request (or a cancel) wakes it at once
@@ -429,10 +430,7 @@ class Scheduler:
         now = time.monotonic()
         if self._gathering is None:
             self._gathering = now
-        gather = min(self._submitted + self.batch_wait, self._gathering + BATCH_WAIT_CAP * self.batch_wait) - now
-        if gather <= 0:
-            self._gathering = None
-        return gather
+        return min(self._submitted + self.batch_wait, self._gathering + BATCH_WAIT_CAP * self.batch_wait) - now
 
     def _hold(self) -> float:
         """Seconds to wait before enqueueing the step after the one running (the lock is held):
