@@ -134,7 +134,15 @@ class Entry:
         return results
 
     def submit(self, *args: Any) -> None:
-        self.start(*args)
+        """Enqueue the call without its results (nothing is waited for or read back)."""
+        if not self.fenced:
+            self._invoker(*args)
+            return
+        try:
+            self._enqueue(args, read=False)
+        except Exception:
+            self._timeline.reset()
+            raise
 
     def start(self, *args: Any) -> tuple[Any, Callable[[], None]]:
         """Enqueue the call and return its results with a function that waits for them (the host
@@ -160,7 +168,7 @@ class Entry:
 
         return results, wait
 
-    def _enqueue(self, args: tuple[Any, ...]) -> tuple[Any, int, int]:
+    def _enqueue(self, args: tuple[Any, ...], read: bool = True) -> tuple[Any, int, int]:
         inputs = rt.VmVariantList(len(args) + 2)
         for arg in args:
             if isinstance(arg, (bool, np.bool_)):
@@ -179,6 +187,8 @@ class Entry:
             self._context.invoke(self._function, inputs, outputs)
             timeline.submitted = start + 1
             epoch = timeline.epoch
+        if not read:  # a call whose results the host never reads (the KV write-back)
+            return None, start + 1, epoch
         views = [outputs.get_as_object(i, rt.HalBufferView) for i in range(len(outputs))]
         arrays = [rt.DeviceArray(timeline.device, view) for view in views]
         results = None if not arrays else arrays[0] if len(arrays) == 1 else tuple(arrays)

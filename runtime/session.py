@@ -284,15 +284,21 @@ class ModelSession:
         self, ids: Any, bucket: int, positions: Sequence[int], slots: Sequence[Slots | Sequence[int]]
     ) -> BatchStepResult:
         """One decode call of `bucket` rows (the first len(positions) real) and its kv_write."""
+        for p in positions:
+            if not 0 <= p < self.context_length:
+                raise ContextLengthExceededError(p + 1, self.context_length)
         pos = np.zeros(bucket, np.int32)
-        width = -(-max(1, max(positions)) // CTX_ALIGN) * CTX_ALIGN  # the longest cached part, rounded up
+        pos[: len(positions)] = positions
+        width = -(-max(1, *positions) // CTX_ALIGN) * CTX_ALIGN  # the longest cached part, rounded up
         ctx = np.zeros((bucket, width), np.int32)  # padding points at scratch slot 0
         write = np.zeros(bucket, np.int32)
         for i, (p, own) in enumerate(zip(positions, slots, strict=True)):
-            if not 0 <= p < self.context_length:
-                raise ContextLengthExceededError(p + 1, self.context_length)
-            where = self._slots(own, p + 1)
-            pos[i], ctx[i, :p], write[i] = p, where[:p], where[p]
+            if len(own) != p + 1:
+                raise InvalidRequestError(f"a sequence at position {p} needs {p + 1} slots")
+            ctx[i, :p] = own[:p]
+            write[i] = own[p]
+        if min(ctx.min(), write.min()) < 0 or max(ctx.max(), write.max()) >= self.kv_slots:  # one check for all rows
+            raise InvalidRequestError(f"slots must be in [0, {self.kv_slots})")
         to_dev = self.module.to_device
         (rows, logits, toks), wait = self._decode[bucket].start(self.cache, ids, to_dev(pos), to_dev(ctx))
         self._kv_write.submit(self.cache, rows, to_dev(write))  # the next call waits for it on the device

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -213,16 +214,15 @@ class Scheduler:
                     self._running.clear()
                     self._waiting.clear()
                     continue
-                prefills = self._prefill_plan()
-                decode = [s for s in self._running if s.decoding]
+                prefills, decode = self._plan()
                 if prefills and not decode and not self._inflight and (gather := self._gather()) > 0:
                     self._cond.wait(gather)  # a new request wakes it, and restarts the wait
                     continue
                 self._gathering = None  # the wait is over (or was cut short by a cancel)
                 chain = not prefills and self._chains(decode, len(self._inflight))
-                if chain and len(self._inflight) == CHAIN_DEPTH - 1 and (hold := self._hold()) > 0:
-                    self._cond.wait(hold)  # a new request (or a cancel) wakes it at once
-                    continue
+                held = chain and len(self._inflight) == CHAIN_DEPTH - 1 and (hold := self._hold()) > 0
+                if held and self._cond.wait(hold):  # a new request (or a cancel) wakes it at once:
+                    continue  # plan again; when the wait runs out instead, the plan stands
             if self._inflight:  # steps are on the device: enqueue one more behind them, or read one back
                 if chain and len(self._inflight) < CHAIN_DEPTH:
                     self._guard(decode, self._next, self._inflight[-1])
@@ -304,18 +304,21 @@ class Scheduler:
         seq.pages, seq.pending, seq.fed = [], seq.fed + seq.pending, []
         self._waiting.appendleft(seq)
 
-    def _prefill_plan(self) -> list[tuple[_Sequence, int]]:
-        """This iteration's prefill chunks (the lock is held): the sequences still reading their
-        prompts, oldest first, and how many tokens each, `prefill_chunk` in all."""
-        plan, budget = [], self.prefill_chunk
+    def _plan(self) -> tuple[list[tuple[_Sequence, int]], list[_Sequence]]:
+        """This iteration's prefill chunks and decode rows (the lock is held): the sequences still
+        reading their prompts, oldest first, and how many tokens each, `prefill_chunk` in all; and
+        the sequences generating."""
+        plan: list[tuple[_Sequence, int]] = []
+        decode: list[_Sequence] = []
+        budget = self.prefill_chunk
         for seq in self._running:
-            if budget <= 0:
-                break
-            if not seq.decoding:
+            if seq.generated and len(seq.pending) == 1:  # `decoding`, inlined: this runs every step
+                decode.append(seq)
+            elif budget > 0:
                 n = min(len(seq.pending), budget)
                 plan.append((seq, n))
                 budget -= n
-        return plan
+        return plan, decode
 
     def _prefills(self, plan: list[tuple[_Sequence, int]]) -> None:
         """Run this iteration's prefill chunks: the prompts' last chunks packed into calls of up to
@@ -400,13 +403,12 @@ class Scheduler:
             return False
         if self._inflight and not _same(group, self._inflight[-1].group):
             return False
-        return all(
-            not s.cancelled
-            and not s.req.picker.read_logits
-            and s.generated + ahead + 1 <= s.req.max_tokens
-            and len(s.fed) + ahead + 1 <= self.model.context_length
-            for s in group
-        )
+        context = self.model.context_length - ahead - 1
+        for s in group:
+            req = s.req
+            if s.cancelled or req.picker.read_logits or s.generated + ahead >= req.max_tokens or len(s.fed) > context:
+                return False
+        return True
 
     def _next(self, last: _Inflight) -> None:
         """Enqueue the step after `last` (the newest on the device), fed its greedy tokens on the
@@ -452,11 +454,11 @@ class Scheduler:
             self._step_times.clear()
         self._step_times.append(now - self._started)  # longer if read late: the shortest counts
         self._started = now  # the step queued behind it, if any, runs from now
-        for i, seq in enumerate(step.group):
-            if seq.finished:
-                continue
-            with self._cond:
+        with self._cond:
+            rows = [(i, seq) for i, seq in enumerate(step.group) if not seq.finished]
+            for _, seq in rows:
                 seq.fed.append(seq.pending.pop())
+        for i, seq in rows:  # only this thread finishes a sequence: none of these ended meanwhile
             self._guard([seq], self._pick, (seq, step.step, i))
 
     def _pick(self, row: tuple[_Sequence, BatchStep, int]) -> None:
@@ -502,7 +504,7 @@ class _Inflight:
 
 def _same(a: list[_Sequence], b: list[_Sequence]) -> bool:
     """The same sequences in the same order (identity: a sequence's fields change as it runs)."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+    return a is b or (len(a) == len(b) and all(map(operator.is_, a, b)))
 
 
 def _row(step: BatchStep, i: int) -> Callable[[], Any]:
