@@ -12,9 +12,13 @@ f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics; `vpdpbusd` where the host has AVX-VNNI or
     AVX-512 VNNI, see `vnni()`), 8 output rows per vector, scales in f32
     (Q5_0: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
-    1 << row and a compare, then OR-ed into the nibbles as 16). Kernels of several rows on a host
-    with AVX-512 VNNI put two groups side by side in 512-bit vectors, 16 output rows per
-    `vpdpbusd` (`lanes`, `wide_enabled()`): the same layout, half the instructions per product;
+    1 << row and a compare, then OR-ed into the nibbles as 16). On a host with AVX-512 VNNI a
+    weight whose groups pair up is repacked with each pair side by side (`paired`, `_pair`: 64
+    bytes per load, 16 scales), and every kernel over it, one token's too, reads 16 output rows
+    per `vpdpbusd` with single 512-bit loads (`lanes`, `wide_enabled()`): half the instructions
+    per product, and no shuffle to join two groups' loads (against the groups apart and joined
+    in the kernel: SmolLM2's step of 8 rows 2.6-4% faster, of 4 rows 2-3%, Gemma 3's of 8 rows
+    2-8%; one token's within 1%);
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
 Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply, into L2; a
@@ -46,9 +50,10 @@ DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}
 # signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
 F32_SCALES = ("Q4_K", "Q6_K")
 # the types with a 512-bit form: all. Q8_0 reads twice the bytes per product and was left out
-# while the quants were prefetched into L1 (two groups' streams at once made SmolLM2's output head
-# in a batch of 4 slower, 785 -> 900 us); prefetched into L2, its wide form is no slower for 4 rows
-# and faster for 8: SmolLM2's step 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
+# while the quants were prefetched into L1 (two groups' streams at once, as they were before the
+# planes held a pair side by side, made SmolLM2's output head in a batch of 4 slower, 785 -> 900
+# us); prefetched into L2, its wide form is no slower for 4 rows and faster for 8: SmolLM2's step
+# 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
 WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk), at least one
@@ -117,13 +122,19 @@ def wide_enabled() -> bool:
     return os.environ.get("ZINC_CPU_WIDE", "1") != "0" and vnni() and host_wide()
 
 
+def paired(q: QuantType, n: int) -> bool:
+    """Whether an [n, k] weight of type `q` is repacked in pairs of groups (`repack`) and every
+    kernel over it, of one row or many, reads 16 output rows per vector: `wide_enabled()`, the
+    type is one of `WIDE_TYPES` and the groups of 8 rows pair up."""
+    return wide_enabled() and q.name in WIDE_TYPES and (n // G) % 2 == 0
+
+
 def lanes(q: QuantType, n: int, rows: int) -> int:
     """Output rows per vector of a kernel over `rows` activation rows for an [n, k] weight of type
-    `q`: 16 where `wide_enabled()`, the kernel has more than one row (the one-token kernel is
-    bound by reading the weights), the type is one of `WIDE_TYPES` and the row groups pair up;
-    else 8."""
-    wide = wide_enabled() and rows > 1 and q.name in WIDE_TYPES
-    return 16 if wide and (n // G) % 2 == 0 else 8
+    `q`: 16 where the weight is `paired`, else 8. The same for every `rows`: the planes hold the
+    pairs side by side, and a kernel of 8 lanes would read each 64-byte line in two halves."""
+    del rows  # one layout serves the kernels of every row count
+    return 16 if paired(q, n) else 8
 
 
 def _workgroups(prefill: bool) -> int:
@@ -144,10 +155,12 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
     [n/8, k/32, 8 rows] as f16 bits (f32 for Q4_K and Q6_K), and the same again for the
     minimums of Q4_1 and Q4_K (`m`) or the second 16 weights' scales of Q6_K (`d2`); Q5_0's
-    fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as i32 words."""
+    fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as i32 words. A `paired` weight has
+    n/16 pairs of 16 rows where these have n/8 groups of 8 (`qh` stays per group)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     scale = "f32" if q.name in F32_SCALES else "i16"
-    out = {"qs": f"tensor<{ng}x{b}x{loads}x{G}x4xi8>", "d": f"tensor<{ng}x{b}x{G}x{scale}>"}
+    units, v = (ng // 2, 2 * G) if paired(q, n) else (ng, G)  # a pair: its two groups side by side
+    out = {"qs": f"tensor<{units}x{b}x{loads}x{v}x4xi8>", "d": f"tensor<{units}x{b}x{v}x{scale}>"}
     if q.name in ("Q4_1", "Q4_K"):
         out["m"] = out["d"]
     if q.name == "Q6_K":
@@ -159,7 +172,28 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
 
 def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
     """The planes of one GGUF tensor (`raw`: its bytes). For the 32-weight block types a byte
-    shuffle (scales stay f16 bits, sizes equal GGUF's); K-quants are unpacked, see below."""
+    shuffle (scales stay f16 bits, sizes equal GGUF's); K-quants are unpacked, see below. A
+    `paired` weight's planes then hold each pair of groups side by side (`_pair`)."""
+    planes = _repack_groups(q, raw, n, k)
+    if paired(q, n):
+        planes = {p: a if p == "qh" else _pair(a) for p, a in planes.items()}
+    return planes
+
+
+def _pair(plane: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """[n/8, b, ..., 8 rows, ...] -> [n/16, b, ..., 16 rows, ...]: groups 2i and 2i + 1 side by
+    side in each block (a load's 32 bytes of one then of the other, 64 in all; their 8 scales
+    each, 16 in all), so that a 512-bit kernel reads a pair with one load, not two and a shuffle."""
+    ng, b, *rest = plane.shape
+    at = len(rest) - 2 if len(rest) == 3 else 0  # the rows axis: quants [loads, 8, 4], scales [8]
+    pairs = plane.reshape(ng // 2, 2, b, *rest)
+    order = [0, 2, *range(3, 3 + at), 1, *range(3 + at, 3 + len(rest))]
+    merged = [*rest[:at], 2 * G, *rest[at + 1 :]]
+    return np.ascontiguousarray(pairs.transpose(order)).reshape(ng // 2, b, *merged)
+
+
+def _repack_groups(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """The planes in groups of 8 rows (`plane_types` before pairing)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     if q.name == "Q4_K":
         return _repack_q4_k(raw, n, k)
@@ -371,7 +405,7 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
     """Per block of a group: the 32-byte loads, per row the integer sums (`_vnni_sums` where the
     host has VNNI, else `_avx2_sums`) and the scaled f32 accumulation. Q5_0's quants are the
     nibbles with 16 added where the fifth bit is set (0..31, the -16 is the offset term).
-    With v = 16 lanes a vector holds the same load of groups %ga and %ga + 1 (`_group_load`)."""
+    With v = 16 lanes a vector holds the same load of the two groups of pair %g (`_group_load`)."""
     lines: list[str] = []
     vb, vi, vf = f"vector<{4 * v}xi8>", f"vector<{v}xi32>", f"vector<{v}xf32>"
     four = DOT8_TYPES[q.name] == 4
@@ -467,26 +501,18 @@ def _prefetch_lines(q: QuantType, v: int) -> list[str]:
     if not ahead:
         return []
     lines = [f"%cpf = arith.constant {ahead} : index", "%bpf = arith.addi %b, %cpf : index"]
-    for g in ("%g",) if v == G else ("%ga", "%gb"):
-        lines += [
-            f"memref.prefetch %wq[{g}, %bpf, %c{s}, %c0], read, locality<{PREFETCH_LOCALITY}>, data : memref<${{QS}}>"
-            for s in range(0, DOT8_TYPES[q.name], 2)  # two 32-byte loads per line
-        ]
-    return lines
+    step = 2 if v == G else 1  # a line: two 32-byte loads of a group, or one 64-byte load of a pair
+    return lines + [
+        f"memref.prefetch %wq[%g, %bpf, %c{s}, %c0], read, locality<{PREFETCH_LOCALITY}>, data : memref<${{QS}}>"
+        for s in range(0, DOT8_TYPES[q.name], step)
+    ]
 
 
 def _group_load(out: str, mem: str, idx: str, shape: str, ty: str, v: int) -> list[str]:
-    """`out`: the vector<`ty`> at `idx` of group %g of `mem` (v = 8 lanes), or those of groups %ga
-    and %ga + 1 side by side (v = 16: one 512-bit value)."""
-    if v == G:
-        return [f"{out} = vector.load {mem}[%g, {idx}] : memref<{shape}>, vector<{ty}>"]
-    n = int(ty.split("x")[0])
-    p = out.lstrip("%")
-    return [
-        f"%{p}ga = vector.load {mem}[%ga, {idx}] : memref<{shape}>, vector<{ty}>",
-        f"%{p}gb = vector.load {mem}[%gb, {idx}] : memref<{shape}>, vector<{ty}>",
-        f"{out} = vector.shuffle %{p}ga, %{p}gb [{', '.join(map(str, range(2 * n)))}] : vector<{ty}>, vector<{ty}>",
-    ]
+    """`out`: the vector<`ty`> (one group's) at `idx` of group %g of `mem` (v = 8 lanes), or twice
+    as long, the pair %g's two groups side by side (v = 16: one 512-bit load of paired planes)."""
+    n, el = ty.split("x")
+    return [f"{out} = vector.load {mem}[%g, {idx}] : memref<{shape}>, vector<{int(n) * v // G}x{el}>"]
 
 
 def _intr(name: str, a: str, b: str, ty: str, out: str) -> str:
@@ -630,9 +656,9 @@ def _render(
     consts = "\n".join(f"    %c{i} = arith.constant {i} : index" for i in range(max(32, r)))
     xr = "?" if prefill else str(r)
     scale = "f32" if q.name in F32_SCALES else "i16"
-    shapes = {
-        "QS": f"{ng}x{b}x{loads}x32xi8",
-        "DS": f"{ng}x{b}x{G}x{scale}",
+    shapes = {  # the planes (a pair of groups per unit where v = 16, see `_pair`)
+        "QS": f"{units}x{b}x{loads}x{4 * v}xi8",
+        "DS": f"{units}x{b}x{v}x{scale}",
         "XQ": f"{r}x{b}x32xi8",
         "DX": f"{r}x{b}xf32",
         "QH": f"{ng}x{b}x4x2xi32",

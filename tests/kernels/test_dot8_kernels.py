@@ -98,12 +98,12 @@ def test_dot8_kernels_match_dequantize(
     monkeypatch.setenv("ZINC_CPU_VNNI", "0" if form == "avx2" else "1")
     monkeypatch.setenv("ZINC_CPU_WIDE", "1" if form == "wide" else "0")
     assert dot8.vnni() == (form != "avx2") and dot8.wide_enabled() == (form == "wide")
-    # the 512-bit form pairs the groups of 8 rows where their count is even (the shapes have both)
-    # in the kernels of more than one row; the single-token one, compared bit for bit below, keeps 8
+    # the 512-bit form pairs the groups of 8 rows where their count is even (the shapes have both),
+    # in the planes and so in every kernel, the single-token one compared bit for bit below too
     if form == "wide" and qtype in dot8.WIDE_TYPES:
         shapes = [n for n, _, _ in weights(qtype, np.random.default_rng(0))]
         assert {dot8.lanes(QUANT_TYPES[qtype], n, 9) for n in shapes} == {8, 16}
-        assert {dot8.lanes(QUANT_TYPES[qtype], n, 1) for n in shapes} == {8}
+        assert {dot8.lanes(QUANT_TYPES[qtype], n, 1) for n in shapes} == {8, 16}
     spec = DEVICES[device]()
     q = QUANT_TYPES[qtype]
     rng = np.random.default_rng(5)
