@@ -4,7 +4,8 @@ Owns the byte-level rules: keep-alive (HTTP/1.1 without `Connection: close`), HT
 then closed, pipelined requests answered in order (h11's PAUSED pauses reading), chunked request
 bodies, `Expect: 100-continue` (413 instead of 100 when the declared body is too large), the named
 limits (431 headers, 413 body, 408 request not received in time, keep-alive idle timeout), read
-back-pressure (pause past a body high-water mark) and write back-pressure (`drain()` waits while the
+back-pressure (pause past a body high-water mark), writes (held to the loop's next turn, so the
+streams of one decode step go out back to back) and write back-pressure (`drain()` waits while the
 transport is write-paused), and disconnects: `connection_lost` cancels the handler task, which
 is how a client that goes away aborts its generation. There is no read timeout while a response
 is being produced. Each request is handed to a `Handler` coroutine with an `Exchange`.
