@@ -120,9 +120,20 @@ class Exchange:
         self.left = 0  # bytes still to come of the current chunk, or of a sized body
         self.done = False
         self.chunks = 0
+        self.reads: list[tuple[float, bytes]] = []  # (time, bytes) of each read, parsed by `result`
+        self.tail = b""  # the last bytes read, to see the chunked body's end
+
+    def take(self, data: bytes, now: float) -> None:
+        """Bytes read at `now`, kept to be parsed after the run (`result`): while the streams run,
+        the client only reads and timestamps, and leaves the 2 cores to the server. The response
+        ends at the end of the connection (every request says `Connection: close`) or at the
+        chunked body's last chunk."""
+        self.reads.append((now, data))
+        self.tail = (self.tail + data)[-5:]
+        self.done = not data or self.tail == b"0\r\n\r\n"
 
     def feed(self, data: bytes, now: float) -> None:
-        """Bytes read at `now`; b"" is the end of the connection."""
+        """Parse bytes read at `now`; b"" is the end of the connection."""
         if not data:
             if self.framing == "close":
                 self._lines(now, final=True)
@@ -208,6 +219,10 @@ class Exchange:
                     self.chunks += 1
 
     def result(self) -> Stream:
+        reads, self.reads, self.done = self.reads, [], False
+        for now, data in reads:
+            if not self.done:
+                self.feed(data, now)
         if self.status != 200:
             raise RuntimeError(f"{self.path}: HTTP {self.status}: {bytes(self.text)[:200]!r}")
         if not self.out.finish:
@@ -220,7 +235,8 @@ def streams(port: int, jobs: Sequence[tuple[float, str, dict[str, Any]]]) -> lis
     """Run streaming requests `(delay_s, path, body)` together, each sent `delay_s` after the
     first, on their own connections, all read by this one thread with `selectors`: the clients
     share the 2 cores with the server, and threads with `http.client` took 40-80 us of CPU per
-    token from it (a thread woken per chunk, the GIL handed over, chunked decoding in Python)."""
+    token from it (a thread woken per chunk, the GIL handed over, chunked decoding in Python).
+    Each read is only timestamped and kept; the responses are parsed once all have ended."""
     pending = sorted(((delay, i, Exchange(path, body)) for i, (delay, path, body) in enumerate(jobs)),
                      key=lambda job: job[0])  # fmt: skip
     exchanges = [job[2] for job in sorted(pending, key=lambda job: job[1])]
@@ -254,7 +270,7 @@ def streams(port: int, jobs: Sequence[tuple[float, str, dict[str, Any]]]) -> lis
                     data = sock.recv(1 << 16)
                 except BlockingIOError:
                     continue
-                ex.feed(data, time.perf_counter())
+                ex.take(data, time.perf_counter())
                 if ex.done:
                     sel.unregister(sock)
                     sock.close()
