@@ -1,5 +1,7 @@
 """EventRelay (zinc.engine.relay): events posted from another thread reach the loop in order, a
-batch of them with one wake-up, and a closed loop is an error, not a lost relay."""
+batch of them with one wake-up, and a closed loop is an error, not a lost relay. EventChannel: a
+request's events reach its reader in order, a reader waits for the next one, and a cancelled
+wait loses none."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from zinc.engine.relay import EventRelay
+from zinc.engine.relay import EventChannel, EventRelay
 
 
 class CountingLoop:
@@ -94,3 +96,32 @@ def test_events_from_another_thread_arrive_on_the_loop_in_order() -> None:
         return got
 
     assert asyncio.run(main()) == list(range(2000))
+
+
+def test_a_channel_hands_its_events_over_in_order_and_waits_for_the_next() -> None:
+    async def main() -> list[int]:
+        channel: EventChannel[int] = EventChannel()
+        channel.put(1)
+        channel.put(2)
+        got = [await channel.get(), await channel.get()]
+        reader = asyncio.ensure_future(channel.get())
+        await asyncio.sleep(0.01)
+        assert not reader.done()  # nothing to read: it waits
+        channel.put(3)
+        channel.put(4)
+        got += [await asyncio.wait_for(reader, 5), await channel.get()]
+        return got
+
+    assert asyncio.run(main()) == [1, 2, 3, 4]
+
+
+def test_a_cancelled_wait_on_a_channel_loses_no_event() -> None:
+    async def main() -> list[int]:
+        channel: EventChannel[int] = EventChannel()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(channel.get(), 0.01)
+        channel.put(7)  # comes after the cancelled wait: the next reader gets it
+        channel.put(8)
+        return [await asyncio.wait_for(channel.get(), 5), await channel.get()]
+
+    assert asyncio.run(main()) == [7, 8]

@@ -24,10 +24,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from zinc.engine.batcher import Scheduler, SequenceHandle
+from zinc.engine.batcher import Scheduler
 from zinc.engine.constraint import GrammarMatcher
 from zinc.engine.generate import Sampled, TokenPicker
-from zinc.engine.relay import EventRelay
+from zinc.engine.relay import EventChannel, EventRelay
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest
 from zinc.engine.stops import StopMatcher
 from zinc.engine.types import (
@@ -128,56 +128,48 @@ class LocalEngine:
                 self._worker, partial(GrammarMatcher, request.grammar, self.tokenizer)
             )
         picker = TokenPicker(prompt, request.sampling, eog, logprobs=request.logprobs, constraint=matcher)
-        events: asyncio.Queue[SequenceEvent] = asyncio.Queue()
-        relay = self._relay(asyncio.get_running_loop())
+        events: EventChannel[SequenceEvent] = EventChannel()
+        relay, put = self._relay(asyncio.get_running_loop()), events.put
 
         def deliver(event: SequenceEvent) -> None:
-            relay.post(events.put_nowait, event)
+            relay.post(put, event)
 
         handle = self.scheduler.submit(
             SequenceRequest(prompt, request.max_tokens, eog, picker, deliver, request.session_id)
         )
-        try:
-            async for delta in self._deltas(request, events, eog, handle):
-                yield delta
-        finally:
-            handle.cancel()  # a no-op once finished; else the pages are freed at the next step
-
-    async def _deltas(
-        self,
-        request: GenerationRequest,
-        events: asyncio.Queue[SequenceEvent],
-        eog: frozenset[int],
-        handle: SequenceHandle,
-    ) -> AsyncIterator[TextDelta]:
+        # the token events become text deltas here, in this generator's own frame (no inner
+        # generator: each layer costs the event loop a resumption per token)
         decoder = IncrementalDecoder(self.tokenizer)
         stops = StopMatcher(request.stop)
         generated = 0
-        while True:
-            event = await events.get()
-            if isinstance(event, FinishEvent):
-                if event.reason == "error":
-                    raise event.error or ZincError("generation failed")
-                if event.reason == "abort":  # the engine closed under it (a model swap, shutdown)
-                    raise EngineClosedError("the engine shut down before this request finished; retry it")
-                finish: FinishReason = "stop" if event.reason == "stop" else "length"
-                cached = event.cached_tokens
-                break
-            sampled = event.sampled
-            generated += 1
-            if sampled.token in eog:
-                continue  # the finish event follows
-            text = stops.feed(decoder.add(sampled.token))
-            logprobs = (self._logprob(sampled),) if sampled.logprob is not None else ()
-            if text or logprobs:
-                yield TextDelta(text, (sampled.token,), logprobs=logprobs)
-            if stops.stopped:
-                handle.cancel()
-                finish, cached = "stop", handle.cached_tokens
-                break
-        tail = stops.feed(decoder.flush()) if not stops.stopped else ""
-        tail += stops.flush()
-        yield TextDelta(tail, (), finish, Usage(len(request.prompt_ids), generated, cached))
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, FinishEvent):
+                    if event.reason == "error":
+                        raise event.error or ZincError("generation failed")
+                    if event.reason == "abort":  # the engine closed under it (a model swap, shutdown)
+                        raise EngineClosedError("the engine shut down before this request finished; retry it")
+                    finish: FinishReason = "stop" if event.reason == "stop" else "length"
+                    cached = event.cached_tokens
+                    break
+                sampled = event.sampled
+                generated += 1
+                if sampled.token in eog:
+                    continue  # the finish event follows
+                text = stops.feed(decoder.add(sampled.token))
+                logprobs = (self._logprob(sampled),) if sampled.logprob is not None else ()
+                if text or logprobs:
+                    yield TextDelta(text, (sampled.token,), logprobs=logprobs)
+                if stops.stopped:
+                    handle.cancel()
+                    finish, cached = "stop", handle.cached_tokens
+                    break
+            tail = stops.feed(decoder.flush()) if not stops.stopped else ""
+            tail += stops.flush()
+            yield TextDelta(tail, (), finish, Usage(len(request.prompt_ids), generated, cached))
+        finally:
+            handle.cancel()  # a no-op once finished; else the pages are freed at the next step
 
     def _logprob(self, sampled: Sampled) -> TokenLogprob:
         def piece(token: int) -> tuple[str, bytes]:

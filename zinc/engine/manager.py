@@ -127,7 +127,11 @@ class EngineManager:
         )
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
-        events = self._generate(request)
+        scope = self._scope()
+        if scope is not None and scope.engine is not None:  # pinned (a handler tokenizes first):
+            events = scope.engine.generate(request)  # its events as they are, one layer less per token
+        else:
+            events = self._generate(request)
         for observer in self.observers:
             events = observer.observe(request, events)
         return events
