@@ -6,7 +6,10 @@ histograms of time to first token (from the generate call, so queueing counts) a
 output token; and gauges read at scrape time: requests running and queued, the KV cache (bytes
 reserved and in use, positions in use and capacity, pages by state, the page size, sessions
 holding pages) and the loaded model. It observes generations as an `EngineManager` observer
-and requests by wrapping the router. Unknown paths are counted under route "other" so the label
+and requests by wrapping the router. The two per-token metrics (generated tokens, time per output
+token) are plain counts that only the event loop updates (`_TokenTally`), read at scrape time:
+prometheus_client's locked counters and its Python loop over a histogram's buckets cost the event
+loop a few microseconds a token. Unknown paths are counted under route "other" so the label
 set stays small.
 Imports: zinc.engine.{manager, types}, zinc.server.exchange, prometheus_client, the stdlib.
 """
@@ -14,10 +17,11 @@ Imports: zinc.engine.{manager, types}, zinc.server.exchange, prometheus_client, 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
@@ -101,6 +105,31 @@ def _page_gauges(stats: EngineStats) -> Iterator[Metric]:
     )
 
 
+class _TokenTally(Collector):
+    """Generated tokens and the time per output token: counts the event loop alone updates."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.gaps = [0] * (len(TPOT_BUCKETS) + 1)  # gaps per bucket (le bound inclusive), then +Inf
+        self.gap_sum = 0.0
+
+    def gap(self, seconds: float, n: int) -> None:
+        """`n` tokens that came `seconds` apart each."""
+        self.gaps[bisect_left(TPOT_BUCKETS, seconds)] += n
+        self.gap_sum += seconds * n
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily("zinc_generated_tokens", "Tokens generated.", value=self.tokens)
+        buckets, total = [], 0
+        for bound, count in zip((*map(str, TPOT_BUCKETS), "+Inf"), self.gaps, strict=True):
+            total += count
+            buckets.append((bound, total))
+        yield HistogramMetricFamily(
+            "zinc_time_per_output_token_seconds", "Time between generated tokens.",
+            buckets=buckets, sum_value=self.gap_sum,
+        )  # fmt: skip
+
+
 class ServerMetrics:
     """The server's metrics registry and the hooks that feed it."""
 
@@ -113,7 +142,6 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             "zinc_prompt_tokens", "Prompt tokens of started generations.", registry=r
         )
-        self.generated_tokens = Counter("zinc_generated_tokens", "Tokens generated.", registry=r)
         self.generations = Counter(
             "zinc_generations", "Generations finished, by finish reason.", ["finish_reason"], registry=r
         )
@@ -121,12 +149,8 @@ class ServerMetrics:
             "zinc_time_to_first_token_seconds", "From the generate call to the first token.",
             buckets=TTFT_BUCKETS, registry=r,
         )  # fmt: skip
-        self.tpot = Histogram(
-            "zinc_time_per_output_token_seconds",
-            "Time between generated tokens.",
-            buckets=TPOT_BUCKETS,
-            registry=r,
-        )
+        self.tally = _TokenTally()
+        r.register(self.tally)
         r.register(_StateCollector(manager, waiting))
 
     def render(self) -> bytes:
@@ -145,6 +169,7 @@ class ServerMetrics:
         start = last = time.perf_counter()
         counted = 0
         outcome = "aborted"
+        tally = self.tally
         self.prompt_tokens.inc(len(request.prompt_ids))
         try:
             async for delta in events:
@@ -154,15 +179,14 @@ class ServerMetrics:
                     if counted == 0:
                         self.ttft.observe(now - start)
                     else:
-                        for _ in range(n):
-                            self.tpot.observe((now - last) / n)
+                        tally.gap((now - last) / n, n)
                     last = now
                     counted += n
-                    self.generated_tokens.inc(n)
+                    tally.tokens += n
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason
                     if delta.usage is not None and delta.usage.completion_tokens > counted:
-                        self.generated_tokens.inc(delta.usage.completion_tokens - counted)
+                        tally.tokens += delta.usage.completion_tokens - counted
                 yield delta
         except Exception:
             outcome = "error"
