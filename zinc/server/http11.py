@@ -5,7 +5,8 @@ then closed, pipelined requests answered in order (h11's PAUSED pauses reading),
 bodies, `Expect: 100-continue` (413 instead of 100 when the declared body is too large), the named
 limits (431 headers, 413 body, 408 request not received in time, keep-alive idle timeout), read
 back-pressure (pause past a body high-water mark), writes (held to the loop's next turn, so the
-streams of one decode step go out back to back) and write back-pressure (`drain()` waits while the
+streams of one decode step go out back to back; a chunked response's body chunks framed here,
+h11's head and last chunk around them) and write back-pressure (`drain()` waits while the
 transport is write-paused), and disconnects: `connection_lost` cancels the handler task, which
 is how a client that goes away aborts its generation. There is no read timeout while a response
 is being produced. Each request is handed to a `Handler` coroutine with an `Exchange`.
