@@ -6,8 +6,9 @@ event posted until then, in posting order. A batched decode step posts one token
 sequence: the loop wakes once per step and serves every stream in that one turn, instead of once
 per token. Posting to a closed loop raises (as `call_soon_threadsafe` does), and the events of
 that batch are dropped, so that a later batch wakes the loop again; a hand-over that raises on
-the loop is logged and the rest of its batch still delivered. `EventChannel` — one request's events on its loop, in
-order, to one reader (what `asyncio.Queue` does for it, with a tenth of the calls per event).
+the loop is logged and the rest of its batch still delivered. `EventChannel` — one request's
+events on its loop, in order, to one reader (what `asyncio.Queue` did for it, in a fraction of
+the calls per event).
 Imports: the stdlib (asyncio, collections, logging, threading).
 """
 
