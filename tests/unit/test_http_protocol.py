@@ -249,6 +249,16 @@ async def test_no_timeout_while_a_response_streams() -> None:
 
 
 @async_test
+async def test_a_streamed_answer_to_head_sends_no_body() -> None:
+    conn = Conn()
+    conn.feed(b"HEAD /stream HTTP/1.1\r\nHost: t\r\n\r\n")
+    await conn.settle(0.2)
+    written = conn.transport.take()
+    assert written.startswith(b"HTTP/1.1 200 ")
+    assert written.endswith(b"\r\n\r\n") and b"data:" not in written  # the head only, never a chunk
+
+
+@async_test
 async def test_disconnect_cancels_the_handler() -> None:
     app = App()
     conn = Conn(app)

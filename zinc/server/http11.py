@@ -232,7 +232,8 @@ class HttpProtocol(asyncio.Protocol):
         if not self._keep_alive or self._conn.they_are_waiting_for_100_continue:
             raw.append((b"connection", b"close"))
         head = self._send(h11.Response(status_code=status, headers=raw, reason=_reason(status)))
-        self._chunked = b"\r\ntransfer-encoding: chunked\r\n" in head.lower()
+        head_only = self._exchange is not None and self._exchange.request.method == "HEAD"  # no body
+        self._chunked = not head_only and b"\r\ntransfer-encoding: chunked\r\n" in head.lower()
 
     def send_data(self, data: bytes) -> None:
         if not self._chunked:
