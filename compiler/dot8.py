@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 from functools import cache
 from pathlib import Path
+from string import Template
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,12 @@ DECODE_WORKGROUPS, PREFILL_WORKGROUPS = 2, 2
 # 3.90); Gemma 3: 4.78 / 6.17 / 9.73 -> 4.51 / 5.85 / 9.53 ms (docs/PERFORMANCE.md, History).
 PREFETCH_BLOCKS = 64
 PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefetcht1 (L2)
+# Stack bytes a kernel's quantized activation rows may take (32 int8 and two f32 a 32-block a row):
+# IREE's CPU backend refuses a function with more than 32 KiB of stack, and its worker threads
+# have little more. Past this the rows are quantized once by a dispatch of their own, into buffers
+# the kernel reads (`quantized_apart`): an 8-row tile over SmolLM2's or Gemma 3 270M's widest rows
+# (1536, 2048) fits, over a 1B model's ffn_down (8192) it does not.
+STACK_BUDGET = 24 * 1024
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
@@ -315,7 +322,7 @@ def _x_lines(r: int, xs: int, v: int = G) -> list[str]:
     across the vector's 4 v bytes so that each of its v weight rows meets them."""
     x = f"%x{r}_{xs}"
     return [
-        f"{x}a = vector.load %xq[%c{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
+        f"{x}a = vector.load %xq[%xr{r}, %b, %c{4 * xs}] : memref<${{XQ}}>, vector<4xi8>",
         f"{x}b = vector.bitcast {x}a : vector<4xi8> to vector<1xi32>",
         f"{x}c = vector.broadcast {x}b : vector<1xi32> to vector<{v}xi32>",
         f"{x} = vector.bitcast {x}c : vector<{v}xi32> to vector<{4 * v}xi8>",
@@ -456,7 +463,7 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
         sums, first, acc = _vnni_sums(q, r, v) if vnni() else _avx2_sums(q, r)
         lines += sums
         lines += [
-            f"%dx{r} = memref.load %dx[%c{r}, %b] : memref<${{DX}}>",
+            f"%dx{r} = memref.load %dx[%xr{r}, %b] : memref<${{DX}}>",
             f"%dxv{r} = vector.broadcast %dx{r} : f32 to {vf}",
             f"%t{r} = arith.mulf %dw, %dxv{r} : {vf}",
         ]
@@ -476,7 +483,7 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
         # + m * sum(x) (Q4_1), - 8 d * sum(x) (Q4_0) or - 16 d * sum(x) (Q5_0), sum(x) as d_x * sum(q_x)
         if q.name != "Q8_0":
             lines += [
-                f"%sx{r} = memref.load %sx[%c{r}, %b] : memref<${{DX}}>",
+                f"%sx{r} = memref.load %sx[%xr{r}, %b] : memref<${{DX}}>",
                 f"%sxv{r} = vector.broadcast %sx{r} : f32 to {vf}",
                 f"%a{r} = math.fma %mw, %sxv{r}, %a{r}x : {vf}",
             ]
@@ -538,8 +545,9 @@ def render_decode(
         f"{kv_prefetch.wrapper_dims(kv, r) if kv else ''}"
         f"  %xb = tensor.expand_shape %x [[0], [1, 2]] output_shape [{r}, {b}, 32] "
         f": tensor<{r}x{k}xf32> into tensor<{r}x{b}x32xf32>\n"
-        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, %xb{kv_ops}) "
-        f": ({operand_types}, tensor<{r}x{b}x32xf32>{kv_types}) -> tensor<{r}x{n}xf32>\n"
+        f"{_quantize_call(name, r, k, '')}"
+        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, {_x_operands(r, k)}{kv_ops}) "
+        f": ({operand_types}, {_x_types(r, k, str(r), '')}{kv_types}) -> tensor<{r}x{n}xf32>\n"
         f"  return %y : tensor<{r}x{n}xf32>\n}}\n"
     )
     return _render(q, n, k, name, r, wrapper, prefill=False, kv=kv, parts=parts)
@@ -565,7 +573,7 @@ def render_prefill(q: QuantType, n: int, k: int) -> str:
     tensor.yield %zero : f32
   }} : tensor<?x{k}xf32> to tensor<?x{k}xf32>
   %xb = tensor.expand_shape %xp [[0], [1, 2]] output_shape [%Tp, {b}, 32] : tensor<?x{k}xf32> into tensor<?x{b}x32xf32>
-  %yp = flow.dispatch @{name}_ex::@{name}[%Tp]({operands}, %xb, %Tp) : ({operand_types}, tensor<?x{b}x32xf32>{{%Tp}}, index) -> tensor<?x{n}xf32>{{%Tp}}
+{_quantize_call(name, PREFILL_ROWS, k, "%Tp")}  %yp = flow.dispatch @{name}_ex::@{name}[%Tp]({operands}, {_x_operands(PREFILL_ROWS, k)}, %Tp) : ({operand_types}, {_x_types(PREFILL_ROWS, k, "?", "{%Tp}")}, index) -> tensor<?x{n}xf32>{{%Tp}}
   %y = tensor.extract_slice %yp[0, 0] [%T, {n}] [1, 1] : tensor<?x{n}xf32> to tensor<?x{n}xf32>
   return %y : tensor<?x{n}xf32>
 }}
@@ -655,12 +663,13 @@ def _render(
         mscale = ""
     consts = "\n".join(f"    %c{i} = arith.constant {i} : index" for i in range(max(32, r)))
     xr = "?" if prefill else str(r)
+    apart = quantized_apart(r, k)
     scale = "f32" if q.name in F32_SCALES else "i16"
     shapes = {  # the planes (a pair of groups per unit where v = 16, see `_pair`)
         "QS": f"{units}x{b}x{loads}x{4 * v}xi8",
         "DS": f"{units}x{b}x{v}x{scale}",
-        "XQ": f"{r}x{b}x32xi8",
-        "DX": f"{r}x{b}xf32",
+        "XQ": f"{xr if apart else r}x{b}x32xi8",
+        "DX": f"{xr if apart else r}x{b}xf32",
         "QH": f"{ng}x{b}x4x2xi32",
     }
     if parts and not splits(q, n, r, parts):
@@ -692,13 +701,96 @@ def _render(
             for p, v, shape in (("m", "wm", "DS"), ("d2", "wd2", "DS"), ("qh", "wh", "QH")) if p in types
         ),
         DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r, v), WRAPPER=wrapper,
+        X_BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in (("xq", "dx", "sx") if apart else ("x",))),
+        X_SETUP=_x_setup(r, b, xr, "{%tp}" if prefill else "", apart),
         KV_BINDINGS=kv_prefetch.bindings() if kv else "", KV_ARGS=kv_prefetch.index_args() if kv else "",
         KV_SETUP=kv_prefetch.setup(kv, r) if kv else "",
         KV_PREFETCH="\n".join("          " + ln for ln in kv_prefetch.loop_lines(kv, r)) if kv else "",
     )  # fmt: skip
     for key, val in shapes.items():
-        text = text.replace("${" + key + "}", val)
-    return text  # the memref shapes inside the inserted fragments, as in the template
+        text = text.replace("${" + key + "}", val)  # the memref shapes inside the inserted fragments
+    return _quantize_executable(name, r, k, prefill) + text if apart else text
+
+
+def quantized_apart(rows: int, k: int) -> bool:
+    """Whether a kernel over `rows` activation rows of width `k` reads them quantized by a
+    dispatch before it (`STACK_BUDGET`) instead of quantizing them on its own stack."""
+    return rows * (k // 32) * 40 > STACK_BUDGET
+
+
+def _quantize_block(x_row: str, q_row: str, xm: str, xq: str, dx: str) -> str:
+    """mlir/dot8_quantize_block.mlir (its comment lines left out) for one row of x."""
+    body = template("dot8_quantize_block.mlir").template
+    lines = "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("//"))
+    return Template(lines).substitute(X_ROW=x_row, Q_ROW=q_row, XM=xm, XQ=xq, DX=dx)
+
+
+def _x_setup(r: int, b: int, xr: str, td: str, apart: bool) -> str:
+    """The kernel's quantized rows: its bound buffers (`quantized_apart`), or stack buffers it
+    fills from x; and `%xr{i}`, the row of those buffers that the tile's row i is."""
+    if apart:
+        lines = [
+            f"    %{p} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<{xr}x{b}{e}>{td}"
+            for p, e in (("xq", "x32xi8"), ("dx", "xf32"), ("sx", "xf32"))
+        ]
+        base = "%r0"
+    else:
+        block = _quantize_block("%rx", "%r", f"{xr}x{b}x32xf32", f"{r}x{b}x32xi8", f"{r}x{b}xf32")
+        lines = [
+            f"    %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<{xr}x{b}x32xf32>{td}",
+            f"    %xq = memref.alloca() : memref<{r}x{b}x32xi8>",
+            f"    %dx = memref.alloca() : memref<{r}x{b}xf32>",
+            f"    %sx = memref.alloca() : memref<{r}x{b}xf32>",
+            "    %fzero = arith.constant 0.0 : f32",
+            "    %fmax = arith.constant 127.0 : f32",
+            "    scf.for %r = %c0 to %cR step %c1 {",
+            "      scf.for %b = %c0 to %cB step %c1 {",
+            "        %rx = arith.addi %r0, %r : index",
+            block,
+            "      }",
+            "    }",
+        ]
+        base = "%c0"
+    return "\n".join([*lines, *(f"    %xr{i} = arith.addi {base}, %c{i} : index" for i in range(r))])
+
+
+def _x_operands(r: int, k: int) -> str:
+    return "%xq, %xd, %xs" if quantized_apart(r, k) else "%xb"
+
+
+def _x_types(r: int, k: int, xr: str, td: str) -> str:
+    b = k // 32
+    if not quantized_apart(r, k):
+        return f"tensor<{xr}x{b}x32xf32>{td}"
+    return f"tensor<{xr}x{b}x32xi8>{td}, tensor<{xr}x{b}xf32>{td}, tensor<{xr}x{b}xf32>{td}"
+
+
+def _quantize_call(name: str, r: int, k: int, tp: str) -> str:
+    """The wrapper's dispatch that quantizes x (`%xb`) into `%xq, %xd, %xs` before the kernel
+    `name` where `quantized_apart` holds (tp: the padded row count of a prompt chunk, or empty)."""
+    if not quantized_apart(r, k):
+        return ""
+    b, xr, td = k // 32, "?" if tp else str(r), f"{{{tp}}}" if tp else ""
+    workload, args = (f"[{tp}]", f"%xb, {tp}") if tp else ("", "%xb")
+    arg_types = f"tensor<?x{b}x32xf32>{{{tp}}}, index" if tp else f"tensor<{r}x{b}x32xf32>"
+    return (
+        f"  %xq, %xd, %xs = flow.dispatch @{name}_xq_ex::@{name}_xq{workload}({args}) : ({arg_types}) -> "
+        f"(tensor<{xr}x{b}x32xi8>{td}, tensor<{xr}x{b}xf32>{td}, tensor<{xr}x{b}xf32>{td})\n"
+    )
+
+
+def _quantize_executable(name: str, r: int, k: int, prefill: bool) -> str:
+    """The executable `_quantize_call` dispatches (mlir/dot8_quantize.mlir), one workgroup a row."""
+    b = k // 32
+    xr = "?" if prefill else str(r)
+    block = _quantize_block("%row", "%row", f"{xr}x{b}x32xf32", f"{xr}x{b}x32xi8", f"{xr}x{b}xf32")
+    return template("dot8_quantize.mlir").substitute(
+        NAME=f"{name}_xq", B=str(b), XR=xr, BLOCK=block,
+        WG_ARGS="%t: index" if prefill else "",
+        WG_COUNT=("    %cz = arith.constant 0 : index\n    %n = arith.addi %t, %cz : index" if prefill
+                  else f"    %n = arith.constant {r} : index"),
+        T_ARG=", %t: index" if prefill else "", TD="{%t}" if prefill else "",
+    )  # fmt: skip
 
 
 def prefill_name(q: QuantType, n: int, k: int) -> str:

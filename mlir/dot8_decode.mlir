@@ -25,12 +25,11 @@ ${WG_COUNT}
     stream.return %x, %c1, %c1 : index, index, index
   }
   builtin.module {
-    func.func @${NAME}(${BINDINGS}, %b_x: !stream.binding, ${KV_BINDINGS}%b_y: !stream.binding${TP_ARG}${KV_ARGS}) {
+    func.func @${NAME}(${BINDINGS}, ${X_BINDINGS}, ${KV_BINDINGS}%b_y: !stream.binding${TP_ARG}${KV_ARGS}) {
 ${CONSTS}
     %wq = stream.binding.subspan %b_qs[%c0] : !stream.binding -> memref<${QS}>
     %wd = stream.binding.subspan %b_d[%c0] : !stream.binding -> memref<${DS}>
 ${WM}
-    %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<${XR}x${B}x32xf32>${TP}
     %y = stream.binding.subspan %b_y[%c0] : !stream.binding -> memref<${XR}x${N}xf32>${TP}
 ${WG_IDS}
 ${KV_SETUP}
@@ -40,52 +39,7 @@ ${KV_SETUP}
     %cB = arith.constant ${B} : index
     %cNG = arith.constant ${NG} : index
     %cPW = arith.constant ${PER_WG} : index
-    %xq = memref.alloca() : memref<${XQ}>
-    %dx = memref.alloca() : memref<${DX}>
-    %sx = memref.alloca() : memref<${DX}>
-    %fzero = arith.constant 0.0 : f32
-    %fmax = arith.constant 127.0 : f32
-    scf.for %r = %c0 to %cR step %c1 {
-      scf.for %b = %c0 to %cB step %c1 {
-        %rx = arith.addi %r0, %r : index
-        %v = vector.load %x[%rx, %b, %c0] : memref<${XR}x${B}x32xf32>, vector<32xf32>
-        %av = math.absf %v : vector<32xf32>
-        %ab = arith.bitcast %av : vector<32xf32> to vector<32xi32>
-        %mb = vector.reduction <maxui>, %ab : vector<32xi32> into i32
-        %mx = arith.bitcast %mb : i32 to f32
-        %d = arith.divf %mx, %fmax : f32
-        %nz = arith.cmpf ogt, %mx, %fzero : f32
-        %inv0 = arith.divf %fmax, %mx : f32
-        %inv = arith.select %nz, %inv0, %fzero : f32
-        %invv = vector.broadcast %inv : f32 to vector<32xf32>
-        %sc = arith.mulf %v, %invv : vector<32xf32>
-        %s4 = vector.shape_cast %sc : vector<32xf32> to vector<4x8xf32>
-        %s0 = vector.extract %s4[0] : vector<8xf32> from vector<4x8xf32>
-        %s1 = vector.extract %s4[1] : vector<8xf32> from vector<4x8xf32>
-        %s2 = vector.extract %s4[2] : vector<8xf32> from vector<4x8xf32>
-        %s3 = vector.extract %s4[3] : vector<8xf32> from vector<4x8xf32>
-        %q0 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s0) : (vector<8xf32>) -> vector<8xi32>
-        %q1 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s1) : (vector<8xf32>) -> vector<8xi32>
-        %q2 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s2) : (vector<8xf32>) -> vector<8xi32>
-        %q3 = llvm.call_intrinsic "llvm.x86.avx.cvt.ps2dq.256"(%s3) : (vector<8xf32>) -> vector<8xi32>
-        %z4 = arith.constant dense<0> : vector<4x8xi32>
-        %i0 = vector.insert %q0, %z4[0] : vector<8xi32> into vector<4x8xi32>
-        %i1 = vector.insert %q1, %i0[1] : vector<8xi32> into vector<4x8xi32>
-        %i2 = vector.insert %q2, %i1[2] : vector<8xi32> into vector<4x8xi32>
-        %i3 = vector.insert %q3, %i2[3] : vector<8xi32> into vector<4x8xi32>
-        %qw = vector.shape_cast %i3 : vector<4x8xi32> to vector<32xi32>
-        %qi = arith.trunci %qw : vector<32xi32> to vector<32xi8>
-        vector.store %qi, %xq[%r, %b, %c0] : memref<${XQ}>, vector<32xi8>
-        %p01 = arith.addi %q0, %q1 : vector<8xi32>
-        %p23 = arith.addi %q2, %q3 : vector<8xi32>
-        %p03 = arith.addi %p01, %p23 : vector<8xi32>
-        %qsum = vector.reduction <add>, %p03 : vector<8xi32> into i32
-        %qsf = arith.sitofp %qsum : i32 to f32
-        %sd = arith.mulf %qsf, %d : f32
-        memref.store %d, %dx[%r, %b] : memref<${DX}>
-        memref.store %sd, %sx[%r, %b] : memref<${DX}>
-      }
-    }
+${X_SETUP}
     %m15 = arith.constant dense<15> : vector<${VB}xi8>
     %c4v = arith.constant dense<4> : vector<${VB}xi8>
     %ones = arith.constant dense<1> : vector<16xi16>
