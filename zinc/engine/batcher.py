@@ -3,30 +3,34 @@
 Owns: `Scheduler` — admission (at most `parallel` running sequences and `max_queue` waiting; past
 that `QueueFullError` at once), the step loop on its own thread (every device call runs on it), and
 each sequence's pages. One iteration runs prefill chunks of the sequences still reading their
-prompts, oldest first, at most `prefill_chunk` tokens in all, then one batched decode of every
-sequence that is generating, so a new request never waits for others to finish, running streams
-never stall for a whole long prompt, and requests that arrive together start decoding together (one
-batch from their first token on). A chunk that does not end its prompt stores its K/V rows only
-(`prefill_rows`: no output head); the last chunks of several prompts in one iteration go to the
-device in one call where the model packs them (`prefill_packed`); while nothing is decoding, a
-new prompt waits `batch_wait` for the requests that come with it (each one restarts the wait, up
-to `BATCH_WAIT_CAP` times it in all), so that a burst goes in one such call instead of its first
-request alone and the rest behind it. Prompts first take the pages of
-their longest cached prefix (`PagePool.lookup`); pages grow on demand; when none is free the least
-recently used cached page is evicted, then the least recently used session dropped, then the
-youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and the
-tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the request's
-`on_event` from the loop thread. While the same batch goes on unchanged (every running sequence in
-it, all greedy, each sure to need the next step), its steps are chained: each is fed the greedy
-tokens of the one before it on the device, and is enqueued `ENQUEUE_LEAD_S` before that one is
-due to end (timed on the batch's recent steps), so the device goes from step to step without
-waiting for the host, while a request that comes in before then waits for the running step only;
-the host reads back and delivers a step while the next one runs. A row whose sequence ended
-meanwhile was run for nothing and is dropped. A waiting request stops the chain (its prompt goes
-next, behind the steps already enqueued); any change (a new prompt, an end, a cancel) reads the
-steps in flight back first, then plans again. A cancelled sequence stops and frees its pages at
-the next step boundary. A model error ends the sequences of that step with an "error" event; the
-loop keeps serving.
+prompts, at most `prefill_chunk` tokens in all (`--prefill-chunk`): first, whole and in arrival
+order, the prompts that end within it, then the others, fewest tokens left first, with what is left
+(a quarter of it, `OLDEST_SHARE`, is kept for the oldest prompt when it cannot end, so a stream of
+shorter requests never starves it); then one batched decode of every sequence that is generating. So
+a new request never waits for others to finish, a short prompt that comes while a long one is being
+prefilled gets its first token after the long one's chunk under way, not after the whole long prompt
+(as in vLLM's chunked prefill), running streams never stall for a whole long prompt, and requests
+that arrive together start decoding together (one batch from their first token on). A chunk that
+does not end its prompt stores its K/V rows only (`prefill_rows`: no output head); the last chunks
+of several prompts in one iteration go to the device in one call where the model packs them
+(`prefill_packed`); while nothing is decoding, a new prompt waits `batch_wait` for the requests that
+come with it (each one restarts the wait, up to `BATCH_WAIT_CAP` times it in all), so that a burst
+goes in one such call instead of its first request alone and the rest behind it. Prompts first take
+the pages of their longest cached prefix (`PagePool.lookup`); pages grow on demand; when none is
+free the least recently used cached page is evicted, then the least recently used session dropped,
+then the youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and
+the tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the
+request's `on_event` from the loop thread. While the same batch goes on unchanged (every running
+sequence in it, all greedy, each sure to need the next step), its steps are chained: each is fed the
+greedy tokens of the one before it on the device, and is enqueued `ENQUEUE_LEAD_S` before that one
+is due to end (timed on the batch's recent steps), so the device goes from step to step without
+waiting for the host, while a request that comes in before then waits for the running step only; the
+host reads back and delivers a step while the next one runs. A row whose sequence ended meanwhile
+was run for nothing and is dropped. A waiting request stops the chain (its prompt goes next, behind
+the steps already enqueued); any change (a new prompt, an end, a cancel) reads the steps in flight
+back first, then plans again. A cancelled sequence stops and frees its pages at the next step
+boundary. A model error ends the sequences of that step with an "error" event; the loop keeps
+serving.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
 
@@ -71,6 +75,9 @@ STEP_TIMES = 8  # a step's expected time is the shortest of the batch's last few
 # the other 7 (docs/PERFORMANCE.md, History). A lone request pays it once, on its first token.
 BATCH_WAIT_S = 0.001
 BATCH_WAIT_CAP = 8  # the whole wait is at most this many times `batch_wait` (requests keep coming)
+# While shorter prompts go first, the oldest prompt still gets at least this fraction of each
+# iteration's prefill budget (`prefill_chunk`): a stream of short requests never starves a long one.
+OLDEST_SHARE = 4
 log = logging.getLogger("zinc.engine")
 
 
@@ -130,7 +137,7 @@ class Scheduler:
         self.batch_wait = batch_wait
         self.parallel = max(1, parallel)
         self.max_queue = max_queue
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = max(1, prefill_chunk)  # prompt tokens per iteration, all prompts together
         self.pool = PagePool(model.kv_slots // page_size, page_size)
         if (self.pool.num_pages - 1) * page_size < model.context_length:
             raise ValueError("the KV slab must hold at least one whole context")
@@ -305,19 +312,44 @@ class Scheduler:
         self._waiting.appendleft(seq)
 
     def _plan(self) -> tuple[list[tuple[_Sequence, int]], list[_Sequence]]:
-        """This iteration's prefill chunks and decode rows (the lock is held): the sequences still
-        reading their prompts, oldest first, and how many tokens each, `prefill_chunk` in all; and
-        the sequences generating."""
-        plan: list[tuple[_Sequence, int]] = []
+        """This iteration's prefill chunks and decode rows (the lock is held): `prefill_chunk`
+        tokens in all for the sequences still reading their prompts, and the sequences generating.
+
+        The prompts that can end in this iteration go first, whole, in arrival order (their last
+        chunks run first, and pack together); then the others, fewest tokens left first, take what
+        is left. So a short prompt that comes while a long one is being prefilled gets its first
+        token after the long one's chunk under way, not after the whole long prompt; and the
+        oldest prompt is never starved by a stream of shorter ones: when it cannot end in this
+        iteration, `prefill_chunk // OLDEST_SHARE` tokens are kept for it."""
         decode: list[_Sequence] = []
-        budget = self.prefill_chunk
+        prompts: list[_Sequence] = []
         for seq in self._running:
             if seq.generated and len(seq.pending) == 1:  # `decoding`, inlined: this runs every step
                 decode.append(seq)
-            elif budget > 0:
-                n = min(len(seq.pending), budget)
+            else:
+                prompts.append(seq)
+        budget = self.prefill_chunk
+        if len(prompts) <= 1:
+            return [(seq, min(len(seq.pending), budget)) for seq in prompts], decode
+        prompts.sort(key=_by_arrival)  # a preempted sequence is back in `_running` behind younger ones
+        oldest = prompts[0]
+        kept = 0 if len(oldest.pending) <= budget else max(1, budget // OLDEST_SHARE)  # the oldest's share
+        plan: list[tuple[_Sequence, int]] = []
+        rest: list[_Sequence] = []  # the prompts that cannot end in this iteration
+        for seq in prompts:
+            n = len(seq.pending)
+            if n <= budget - (0 if seq is oldest else kept):
                 plan.append((seq, n))
                 budget -= n
+            else:
+                rest.append(seq)
+        rest.sort(key=_by_remaining)
+        for seq in rest:
+            n = min(len(seq.pending), budget - (0 if seq is oldest else kept))
+            if n > 0:
+                plan.append((seq, n))
+                budget -= n
+            kept = 0 if seq is oldest else kept
         return plan, decode
 
     def _prefills(self, plan: list[tuple[_Sequence, int]]) -> None:
@@ -500,6 +532,15 @@ class Scheduler:
 class _Inflight:
     group: list[_Sequence]
     step: BatchStep
+
+
+def _by_arrival(seq: _Sequence) -> int:
+    return seq.arrival
+
+
+def _by_remaining(seq: _Sequence) -> tuple[int, int]:
+    """Fewest prompt tokens left first; the oldest first among equals."""
+    return len(seq.pending), seq.arrival
 
 
 def _same(a: list[_Sequence], b: list[_Sequence]) -> bool:
