@@ -1,19 +1,22 @@
 """A model session: one compiled artifact, its GGUF weights and its paged KV cache on one device.
 
-Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF and the device),
-allocates the KV slab on the device once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch
-that padding rows point at), and runs steps as one step call plus one in-place `kv_write` call
-(enqueued without waiting: the device runs a module's calls in order, zinc.runtime.invoke):
-`prefill_slots` (a prompt of one sequence, split into chunks; all but the last run `prefill_kv`,
-which has no output head), `prefill_rows` (a prompt's earlier part, K/V only), `prefill_packed`
-(the last chunks of several prompts in one call, CPU artifacts), `decode_batch` (one token for
-each of up to max(batch_sizes) sequences, padded to a compiled bucket; it returns once enqueued,
-and reading the step waits for it) and `decode_next` (the step after one of those, fed its greedy
-tokens on the device, so it can be enqueued before that one is read), each given the slots of
-the positions it reads and writes; `prefill` / `decode` are the single-sequence forms with
-slot = position. Only the greedy tokens (4 bytes each) cross back to the host unless the caller
-asks for logits. `layer_major` puts rows held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).
-Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model, zinc.errors.
+Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF and the device,
+and, before mapping or allocating anything, that its weights, KV slab and working buffers fit in
+the memory available: `memory_needed`, zinc.runtime.memory), allocates the KV slab on the device
+once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch that padding rows point at), and runs
+steps as one step call plus one in-place `kv_write` call (enqueued without waiting: the device
+runs a module's calls in order, zinc.runtime.invoke): `prefill_slots` (a prompt of one sequence,
+split into chunks; all but the last run `prefill_kv`, which has no output head), `prefill_rows` (a
+prompt's earlier part, K/V only), `prefill_packed` (the last chunks of several prompts in one
+call, CPU artifacts), `decode_batch` (one token for each of up to max(batch_sizes) sequences,
+padded to a compiled bucket; it returns once enqueued, and reading the step waits for it) and
+`decode_next` (the step after one of those, fed its greedy tokens on the device, so it can be
+enqueued before that one is read), each given the slots of the positions it reads and writes;
+`prefill` / `decode` are the single-sequence forms with slot = position. Only the greedy tokens
+(4 bytes each) cross back to the host unless the caller asks for logits. `layer_major` puts rows
+held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).
+Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model,
+zinc.errors, zinc.runtime.memory.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ import numpy as np
 
 from zinc.artifact import Manifest, load_manifest
 from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidRequestError
-from zinc.model.gguf_file import open_gguf
+from zinc.model.gguf_file import GGUFModel, open_gguf
+from zinc.model.hparams import HParams, describe
+from zinc.runtime import memory
 from zinc.runtime.device import DeviceSpec, to_host
+from zinc.runtime.memory import MemoryNeed, check_memory
 from zinc.runtime.module import ELEMENT_TYPES, LoadedModule
 
 DEFAULT_CONTEXT = 2048
@@ -41,6 +47,43 @@ DEFAULT_CONTEXT = 2048
 PREFILL_CHUNK = {"cpu": 128, "vulkan": 8}
 SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
+
+
+DEFAULT_BATCH = 8  # the largest decode bucket `zinc compile` builds by default
+
+
+def slab_geometry(hp: HParams, context_length: int | None, kv_slots: int | None) -> tuple[int, int]:
+    """A session's context length (`context_length`, default `DEFAULT_CONTEXT`, at most the
+    model's) and KV slab slots (at least a whole context plus a scratch page: slot 0 is scratch;
+    pages of up to 64 slots)."""
+    context = min(context_length or DEFAULT_CONTEXT, hp.context_length)
+    return context, max(kv_slots or 0, context + SCRATCH_SLOTS)
+
+
+def memory_needed(
+    gguf: GGUFModel,
+    target: str,
+    context_length: int | None = None,
+    kv_slots: int | None = None,
+    artifact_dir: Path | None = None,
+    manifest: Manifest | None = None,
+) -> MemoryNeed:
+    """What a session of `gguf` on `target` takes in memory (zinc.runtime.memory): with its
+    artifact (`artifact_dir` and its `manifest`), the weights it binds, its KV slab and working
+    buffers; before it is compiled, the same from the GGUF alone (every tensor as its weights,
+    the default decode buckets), which is no more than the compiled figure."""
+    hp = manifest.hparams if manifest is not None else describe(gguf).hparams
+    context, slots = slab_geometry(hp, context_length, kv_slots)
+    archives = [artifact_dir / a for a in manifest.parameter_archives] if manifest and artifact_dir else []
+    dtype = manifest.kv_cache.dtype if manifest is not None else memory.KV_DTYPE.get(target, "f32")
+    rows = max(manifest.batch_sizes) if manifest is not None else DEFAULT_BATCH
+    vmfb = (artifact_dir / manifest.vmfb).stat().st_size if manifest and artifact_dir else 0
+    chunk = PREFILL_CHUNK.get(target, PREFILL_CHUNK["cpu"])
+    return MemoryNeed(
+        weights=memory.weights_bytes(gguf, archives),
+        kv_cache=slots * memory.kv_slot_bytes(hp, dtype),
+        working=vmfb + memory.working_bytes(hp, context, chunk, rows),
+    )
 
 
 def _prefill_ctx(where: np.ndarray[Any, np.dtype[np.int32]], at: int, n: int) -> np.ndarray[Any, np.dtype[np.int32]]:
@@ -133,9 +176,9 @@ class ModelSession:
         hp = self.manifest.hparams
         self.hparams = hp
         self.device_spec = device
-        self.context_length = min(context_length or DEFAULT_CONTEXT, hp.context_length)
-        # at least a whole context plus a scratch page (slot 0 is scratch; pages of up to 64 slots)
-        self.kv_slots = max(kv_slots or 0, self.context_length + SCRATCH_SLOTS)
+        self.context_length, self.kv_slots = slab_geometry(hp, context_length, kv_slots)
+        need = memory_needed(gguf, device.target, context_length, kv_slots, artifact_dir, self.manifest)
+        check_memory(need, gguf.path.stem)  # before anything is mapped or allocated
         self.batch_sizes = tuple(sorted(self.manifest.batch_sizes))
         self.module = LoadedModule(
             artifact_dir / self.manifest.vmfb,

@@ -31,8 +31,9 @@ from zinc.engine.manager import EngineManager
 from zinc.errors import ZincError
 from zinc.model.gguf_file import open_gguf
 from zinc.runtime.device import DEVICE_CHOICES, DeviceSpec, resolve_device
+from zinc.runtime.memory import check_memory
 from zinc.runtime.sampling import SamplingParams
-from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession
+from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession, memory_needed
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
 
 err = Console(stderr=True, highlight=False)
@@ -137,8 +138,11 @@ class Loaded:
 def load(model: str | None, device: str, cpu_driver: str, context: int, threads: int | None) -> Loaded:
     path = model_path(model)
     gguf = open_gguf(path)
+    spec = resolve_device(device, cpu_driver, threads)
+    # before compiling or loading anything (the session checks again with the artifact's figures)
+    check_memory(memory_needed(gguf, spec.target, context), path.stem, options="--ctx-size")
     tokenizer = Tokenizer.from_metadata(gguf.metadata)
-    session = open_session(path, resolve_device(device, cpu_driver, threads), context)
+    session = open_session(path, spec, context)
     return Loaded(session, tokenizer, ChatTemplate.from_metadata(gguf.metadata, tokenizer), path.stem)
 
 
@@ -155,6 +159,7 @@ class ServeOptions:
     kv_tokens: int | None = None  # KV slab positions (None: `parallel` whole contexts)
     threads: int | None = None  # local-task worker threads (None: the physical cores)
     max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for a slot; past them, 429 at once
+    prefill_chunk: int | None = None  # prompt tokens per scheduler iteration (None: 128 CPU, 8 Vulkan)
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
@@ -165,6 +170,8 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         fail(f"--parallel must be at least 1, got {o.parallel}")
     if o.max_queue < 0:
         fail(f"--max-queue must be at least 0, got {o.max_queue}")
+    if o.prefill_chunk is not None and o.prefill_chunk < 1:
+        fail(f"--prefill-chunk must be at least 1, got {o.prefill_chunk}")
     if o.kv_tokens is not None and o.kv_tokens < o.context:
         fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
     spec = resolve_device(o.device, o.cpu_driver, o.threads)
@@ -175,7 +182,7 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     elif not path.is_file():
         fail(f"model file not found: {path}")
     paths = {model_id: path} if path is not None else {}
-    loader = CliLoader(catalog, spec, o.context, paths, o.parallel, o.kv_tokens, o.max_queue)
+    loader = CliLoader(catalog, spec, o.context, paths, o.parallel, o.kv_tokens, o.max_queue, o.prefill_chunk)
     manager = EngineManager(loader=loader, registry=catalog)
     api_key = o.api_key or os.environ.get("ZINC_API_KEY")
     config = ServerConfig(
@@ -201,6 +208,14 @@ MaxQueueOpt = Annotated[
     int,
     typer.Option("--max-queue", help="Requests that may wait for a slot; past them, 429 at once"),
 ]
+PrefillChunkOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--prefill-chunk",
+        help="Prompt tokens prefilled per step, all prompts together, between two decode steps "
+        "(default: 128 on the CPU, 8 on Vulkan); smaller: shorter stalls behind a long prompt",
+    ),
+]
 
 
 @app.command("serve")
@@ -216,6 +231,7 @@ def serve_cmd(
     ] = 8,
     kv_tokens: KvTokensOpt = None,
     max_queue: MaxQueueOpt = DEFAULT_MAX_QUEUE,
+    prefill_chunk: PrefillChunkOpt = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -226,7 +242,8 @@ def serve_cmd(
     """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
     run_server(
         ServeOptions(
-            model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue
+            model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
+            prefill_chunk,
         )
     )
 
@@ -244,6 +261,7 @@ def chat_cmd(
     ] = 8,
     kv_tokens: KvTokensOpt = None,
     max_queue: MaxQueueOpt = DEFAULT_MAX_QUEUE,
+    prefill_chunk: PrefillChunkOpt = None,
     api_key: Annotated[
         str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
     ] = None,
@@ -258,7 +276,8 @@ def chat_cmd(
         timer.daemon = True
         timer.start()
     options = ServeOptions(
-        model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue
+        model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
+        prefill_chunk,
     )
     run_server(options, chat_ui=True)
 

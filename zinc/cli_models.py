@@ -2,9 +2,10 @@
 
 Owns: the `model` command group (a Typer sub-app that zinc.cli mounts), `pick_model()` (what
 `-m` names: a GGUF path, or a catalog id; none means the default chosen with `zinc model use`,
-else smollm2), and `CliLoader`, the `ModelLoader` a server uses to activate models: it compiles
-through the cache (`ensure_artifact`) and opens a `LocalEngine` with a KV slab of `kv_slots()`
-rows, so the server itself never imports the compiler or the runtime.
+else smollm2), and `CliLoader`, the `ModelLoader` a server uses to activate models: it checks
+that the model fits in memory (zinc.runtime.memory), compiles through the cache
+(`ensure_artifact`) and opens a `LocalEngine` with a KV slab of `kv_slots()` rows, so the server
+itself never imports the compiler or the runtime.
 Imports: typer, rich, zinc.catalog, zinc.compiler.build, zinc.engine, zinc.model, zinc.runtime,
 zinc.tokenizer, zinc.errors (this is the top of the stack, like zinc.cli).
 """
@@ -30,7 +31,8 @@ from zinc.errors import InvalidRequestError, ZincError
 from zinc.model.gguf_file import open_gguf, resolve_model
 from zinc.model.hparams import supported_architectures
 from zinc.runtime.device import DEVICE_CHOICES, DeviceSpec, resolve_device
-from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession
+from zinc.runtime.memory import check_memory
+from zinc.runtime.session import DEFAULT_CONTEXT, ModelSession, memory_needed
 from zinc.tokenizer import ChatTemplate, Tokenizer
 
 log = logging.getLogger("zinc.cli")
@@ -88,6 +90,7 @@ class CliLoader:
         parallel: int = 8,
         kv_tokens: int | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
+        prefill_chunk: int | None = None,
     ) -> None:
         self.catalog = catalog
         self.device = device
@@ -96,6 +99,7 @@ class CliLoader:
         self.parallel = parallel
         self.kv_tokens = kv_tokens  # KV slab positions; None: `parallel` whole contexts
         self.max_queue = max_queue  # requests that may wait beyond `parallel`
+        self.prefill_chunk = prefill_chunk  # prompt tokens per scheduler iteration; None: the target's
 
     def can_load(self, model_id: str) -> bool:
         if model_id in self.paths:
@@ -109,15 +113,18 @@ class CliLoader:
     def load(self, model_id: str) -> LocalEngine:
         path = self.paths.get(model_id) or self.catalog.path(model_id)
         gguf = open_gguf(path)
+        slots = kv_slots(self.parallel, self.context, self.kv_tokens)
+        # before compiling or loading anything (the session checks again with the artifact's figures)
+        need = memory_needed(gguf, self.device.target, self.context, slots)
+        check_memory(need, model_id, options="--kv-tokens, --parallel, --ctx-size")
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         log.info("preparing %s for %s", model_id, self.device.name)
         artifact = ensure_artifact(path, self.device.target, lambda message: log.info("%s", message))
-        slots = kv_slots(self.parallel, self.context, self.kv_tokens)
         session = ModelSession(artifact, path, self.device, self.context, kv_slots=slots)
         chat = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         return LocalEngine(
             session, tokenizer, chat, model_id, max_queue=self.max_queue, parallel=self.parallel,
-            page_size=KV_PAGE_SIZE,
+            page_size=KV_PAGE_SIZE, prefill_chunk=self.prefill_chunk,
         )  # fmt: skip
 
 

@@ -54,6 +54,15 @@ class DeviceError(ZincError):
     code = "device_unavailable"
 
 
+class InsufficientMemoryError(ZincError):
+    """A model's weights, KV cache and working buffers need more memory than the machine has
+    available (checked before anything is loaded)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "model_does_not_fit"
+
+
 class InvalidRequestError(ZincError):
     """A request is malformed or has a parameter of the wrong type or range."""
 

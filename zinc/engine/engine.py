@@ -54,13 +54,15 @@ class LocalEngine:
         max_queue: int = 16,
         parallel: int = 8,
         page_size: int = 16,
+        prefill_chunk: int | None = None,
     ) -> None:
         self.session = session
         self.tokenizer = tokenizer
         self.chat = chat
         self._model_id = model_id
         self.max_queue = max_queue
-        chunk = 128 if session.device_spec.target == "cpu" else 8
+        # prompt tokens per scheduler iteration (`--prefill-chunk`); by default one prefill call's
+        chunk = prefill_chunk or (128 if session.device_spec.target == "cpu" else 8)
         self.scheduler = Scheduler(
             session, page_size=page_size, parallel=min(parallel, 4 * session.max_batch), max_queue=max_queue,
             prefill_chunk=chunk,
