@@ -11,10 +11,11 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -141,16 +142,27 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
-    """Repack the tiled weights into `weights.irpa` in `directory` (a byte shuffle, no requantizing)."""
-    if not p.repacked:
-        return
-    entries = {}
+    """Repack the tiled weights into `weights.irpa` in `directory` (a byte shuffle, no requantizing),
+    one weight at a time."""
+    if p.repacked:
+        write_parameter_archive(directory / REPACKED_ARCHIVE, _repacked_planes(p))
+
+
+REPACK_ROWS = 2048  # at most this many rows of a weight repacked at a time
+
+
+def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
+    """Each repacked weight's planes, in chunks of `REPACK_ROWS` rows: every layout keeps its
+    groups of rows apart (a plane is row-group major), so the chunks of a plane follow each other."""
     for name, (sources, q, n, k, layout) in p.repacked.items():
         rows = [read_tensor_bytes(p.gguf.path, p.gguf.tensors[s]) for s in sources]
         raw = rows[0] if len(rows) == 1 else np.concatenate(rows)  # stacked row-wise: [sum n, k]
-        for plane, arr in LAYOUTS[layout].repack(q, raw, n, k).items():
-            entries[f"{name}.{plane}"] = arr
-    write_parameter_archive(directory / REPACKED_ARCHIVE, entries)
+        raw = raw.reshape(n, -1)
+        # whole 32-row tiles and pairs of 8-row groups in each chunk
+        step = next((s for s in range(REPACK_ROWS, 0, -32) if n % s == 0), n)
+        for r0 in range(0, n, step):
+            for plane, arr in LAYOUTS[layout].repack(q, raw[r0 : r0 + step].reshape(-1), step, k).items():
+                yield f"{name}.{plane}", arr
 
 
 def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep_ir: bool = False) -> Path:
