@@ -11,11 +11,16 @@ setup:
 test *ARGS:
     .venv/bin/python -m pytest {{ARGS}}
 
+# The sizes tier: real-shape models (0.5B-12B) compiled and checked (about a quarter of an hour)
+test-sizes *ARGS:
+    .venv/bin/python -m pytest --sizes -m sizes {{ARGS}}
+
 # ruff, mypy --strict and the import-linter contracts
 lint:
     bash scripts/lint
 
-# zinc vs llama.cpp in the same run; writes docs/PERFORMANCE.md (needs llama-cpp-python built for this CPU)
+# zinc vs llama.cpp in the same run; writes docs/PERFORMANCE.md (needs llama-cpp-python built for this CPU);
+# `--sizes`: the real-shape 1B and 8B models against llama.cpp's llama-bench (scripts/bench-sizes)
 bench *ARGS:
     bash scripts/bench {{ARGS}}
 

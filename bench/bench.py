@@ -267,15 +267,16 @@ WORKERS: dict[str, Callable[[Json], Json]] = {
 }
 
 
-def run_worker(kind: str, spec: Json, tmp: Path, env: dict[str, str]) -> Json:
-    """Run one worker in a fresh Python process; its result comes back through a JSON file."""
+def run_worker(kind: str, spec: Json, tmp: Path, env: dict[str, str], script: Path | None = None) -> Json:
+    """Run one worker (of this file, or of `script`) in a fresh Python process; its result comes
+    back through a JSON file."""
     spec_path = tmp / f"spec-{kind}.json"
     result_path = tmp / f"result-{kind}.json"
     result_path.unlink(missing_ok=True)
     before = _cpu_snapshot()
     spec_path.write_text(json.dumps({**spec, "result": str(result_path), "t_spawn": time.monotonic()}))
     proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec", str(spec_path)],
+        [sys.executable, str(script or Path(__file__).resolve()), "--worker", kind, "--spec", str(spec_path)],
         env=env,
         capture_output=True,
         text=True,
