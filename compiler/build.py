@@ -35,7 +35,7 @@ from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
-from zinc.model.hparams import HParams, describe
+from zinc.model.hparams import ROPE_FREQS, HParams, describe
 from zinc.runtime.archive import read_tensor_bytes, write_parameter_archive
 
 Progress = Callable[[str], None]
@@ -106,16 +106,27 @@ def _check_vulkan_rows(hp: HParams, buckets: tuple[int, ...]) -> None:
 
 
 def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> str:
-    """The cache key of an artifact: GGUF identity, target, flags, batch buckets, versions and the sources."""
+    """The cache key of an artifact: GGUF identity, target, flags, batch buckets, versions, the sources
+    and the tensor values baked into the MLIR."""
     h = hashlib.sha256()
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *TARGET_FLAGS[target],
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
         f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
+        _baked_values(gguf),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
+
+
+def _baked_values(gguf: GGUFModel) -> str:
+    """The tensor values that the generated MLIR holds as constants, for the cache key (the GGUF
+    identity covers the header only): Llama 3's `rope_freqs.weight` (emitter.rope_freqs)."""
+    info = gguf.tensors.get(ROPE_FREQS)
+    if info is None or info.type_name != "F32":  # absent, or describe rejects it
+        return ""
+    return f"rope_freqs={gguf.read_f32(ROPE_FREQS)!r}"
 
 
 def _use_dot8(target: str) -> bool:

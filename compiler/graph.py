@@ -5,7 +5,8 @@ llama, qwen2, qwen3 and gemma3 (names follow GGUF tensors), switched by the reci
 `HParams`:
   [embedding * embedding_scale]
   attn_norm -> q/k/v (+ attn_*.bias) -> [attn_q_norm/attn_k_norm per head] -> RoPE (pairs or NEOX,
-  the layer's base and scale) -> causal GQA attention (sliding window on local layers, query scale)
+  the layer's base and scale, Llama 3's rope_freqs factors) -> causal GQA attention (sliding window
+  on local layers, query scale)
   -> attn_output -> [post_attention_norm] -> residual -> ffn_norm -> SwiGLU or GELU-gated
   (ffn_gate, ffn_up) -> ffn_down -> [post_ffw_norm] -> residual;
   then output_norm on the last position, logits [softcapped] and the greedy token.
@@ -378,9 +379,11 @@ class _Entry:
 
 def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str, by_hand: bool) -> str:
     pos = "%pos" if b.per_row else "%start"
+    factors = hp.rope_freq_factors  # Llama 3.1/3.2's rope_freqs (none: the same MLIR as before them)
     if hp.rope_type == "neox":
-        return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint)
-    return b.rope(x, pos, heads, hp.key_length, hp.rope_dimension_count, hp.rope_base(il), hint, by_hand)
+        return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint, factors)
+    n_rot = hp.rope_dimension_count
+    return b.rope(x, pos, heads, hp.key_length, n_rot, hp.rope_base(il), hint, by_hand, factors)
 
 
 def _static(ty: str, n: int) -> str:

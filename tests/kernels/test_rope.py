@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fixtures.real_shapes import llama3_rope_factors
 from tests.conftest import DEVICES, KERNEL_FORMS
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.targets import compile_mlir
@@ -21,13 +22,13 @@ from zinc.runtime.module import LoadedModule
 HEADS, BASE = 3, 10000.0
 
 
-def rope_module(hd: int, n_rot: int, cpu: bool, by_hand: bool) -> str:
+def rope_module(hd: int, n_rot: int, cpu: bool, by_hand: bool, factors: tuple[float, ...] = ()) -> str:
     mod = ModuleEmitter(tiled=cpu)  # tiled: the CPU's kernels
     n = HEADS * hd
     rows = Body(mod, dynamic=True)
-    out = rows.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand)
+    out = rows.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand, factors)
     one = Body(mod, dynamic=False)
-    single = one.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand)
+    single = one.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand, factors)
     lines = [f"func.func @rows(%x: tensor<?x{n}xf32>, %start: index) -> tensor<?x{n}xf32> {{", "  %c0 = arith.constant 0 : index"]
     lines += [f"  %T = tensor.dim %x, %c0 : tensor<?x{n}xf32>", *rows.lines, f"  return {out} : tensor<?x{n}xf32>", "}"]
     lines += [f"func.func @one(%x: tensor<1x{n}xf32>, %start: index) -> tensor<1x{n}xf32> {{", "  %T = arith.constant 1 : index"]
@@ -36,10 +37,10 @@ def rope_module(hd: int, n_rot: int, cpu: bool, by_hand: bool) -> str:
     return mod.text("rope")
 
 
-def reference(x: np.ndarray, start: int, hd: int, n_rot: int) -> np.ndarray:
+def reference(x: np.ndarray, start: int, hd: int, n_rot: int, factors: tuple[float, ...] = ()) -> np.ndarray:
     out = x.astype(np.float64).reshape(len(x), HEADS, hd)
     pos = np.arange(start, start + len(x), dtype=np.float64)[:, None]
-    theta = pos * BASE ** (-2.0 * np.arange(n_rot // 2) / n_rot)
+    theta = pos * BASE ** (-2.0 * np.arange(n_rot // 2) / n_rot) / np.asarray(factors or 1.0)
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     x0, x1 = out[..., 0:n_rot:2].copy(), out[..., 1:n_rot:2].copy()
     out[..., 0:n_rot:2], out[..., 1:n_rot:2] = x0 * cos - x1 * sin, x0 * sin + x1 * cos
@@ -63,6 +64,29 @@ def test_rope_matches_the_rotation_alone_and_in_rows(hd: int, n_rot: int, device
     start = 37
     got = to_host(mod.fn("rows")(mod.to_device(x), start), mod.device)
     np.testing.assert_allclose(got, reference(x, start, hd, n_rot), rtol=1e-4, atol=1e-4)
+    for i in range(len(x)):
+        one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1]), start + i), mod.device)
+        assert np.array_equal(one[0], got[i]), f"row {i} alone differs from the same row among others"
+
+
+@pytest.mark.parametrize(("hd", "n_rot"), [(64, 64), (32, 16)])
+@pytest.mark.parametrize(("device", "cpu"), KERNEL_FORMS)
+def test_rope_with_frequency_factors_at_long_context(hd: int, n_rot: int, device: str, cpu: bool) -> None:
+    """Llama 3.1's per-pair frequency factors (1 for fast pairs, 8 for slow ones, smooth between)
+    at positions past 32K, where ignoring them would turn the slow pairs by whole radians. The
+    tolerance is the f32 rounding of such angles (pair 0's, 33000 rad, has an ulp of 4e-3: errors
+    up to 7.5e-3 on Vulkan, 6.4e-3 on the CPU, with |x| up to 3.5)."""
+    factors = tuple(float(f) for f in llama3_rope_factors(n_rot, BASE, 8.0, old_ctx=512))
+    assert factors[0] == 1.0 and factors[-1] == 8.0 and any(1.0 < f < 8.0 for f in factors)
+    spec = DEVICES[device]()
+    text = rope_module(hd, n_rot, cpu, by_hand=True, factors=factors)
+    assert ("rope_norm_cpu" in text) == (cpu and n_rot == hd)
+    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    x = np.random.default_rng(10).standard_normal((5, HEADS * hd)).astype(np.float32)
+    start = 33000
+    got = to_host(mod.fn("rows")(mod.to_device(x), start), mod.device)
+    np.testing.assert_allclose(got, reference(x, start, hd, n_rot, factors), rtol=0, atol=2e-2)
+    assert np.abs(got - reference(x, start, hd, n_rot)).max() > 0.5  # the factors matter here
     for i in range(len(x)):
         one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1]), start + i), mod.device)
         assert np.array_equal(one[0], got[i]), f"row {i} alone differs from the same row among others"

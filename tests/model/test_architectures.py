@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from fixtures.real_shapes import llama3_rope_factors
 from zinc.errors import GGUFError, UnsupportedModelError
 from zinc.model.gguf_file import GGUFModel, open_gguf, resolve_model
 from zinc.model.hparams import describe, supported_architectures
@@ -74,6 +76,12 @@ def test_fixture_recipes(tiny_models: dict[str, Path]) -> None:
     assert q2.attn_qkv_bias and not q2.attn_qk_norm and q2.rope_type == "neox" and not q2.tied_output
     q3 = describe(open_gguf(tiny_models["tiny-qwen3"])).hparams
     assert q3.attn_qk_norm and q3.key_length == 32 and q3.head_count * q3.key_length != q3.embedding_length
+    desc = describe(open_gguf(tiny_models["tiny-llama3-ropefreqs"]))
+    factors = llama3_rope_factors(16, 500000.0, 8.0, old_ctx=64)  # as fixtures/make_fixtures.py writes them
+    assert desc.hparams.rope_freq_factors == tuple(float(f) for f in factors)
+    assert factors[0] == 1.0 and 1.0 < factors[1] < 8.0 and factors[-1] == 8.0  # high, between, low frequencies
+    assert desc.tensor_types["rope_freqs.weight"] == "F32"
+    assert describe(open_gguf(tiny_models["tiny-q8-q41"])).hparams.rope_freq_factors == ()
 
 
 @pytest.mark.parametrize(
@@ -88,6 +96,8 @@ def test_fixture_recipes(tiny_models: dict[str, Path]) -> None:
          UnsupportedModelError, "'yarn' is not supported"),
         ("tiny-qwen3", "", {"qwen3.attention.value_length": 16}, UnsupportedModelError, "value_length"),
         ("tiny-qwen2", "", {"qwen2.attention.head_count_kv": 3}, UnsupportedModelError, "do not group"),
+        ("tiny-llama3-ropefreqs", "", {"llama.rope.dimension_count": 8}, GGUFError,
+         r"rope_freqs\.weight has shape \[8\], expected \[4\]"),
     ],
 )  # fmt: skip
 def test_bad_models_are_clear_errors(
@@ -97,11 +107,12 @@ def test_bad_models_are_clear_errors(
         describe(edited(open_gguf(tiny_models[fixture]), drop, **meta))
 
 
-def test_vectors_must_be_f32(tiny_models: dict[str, Path]) -> None:
-    model = open_gguf(tiny_models["tiny-qwen2"])
-    name = "blk.1.attn_v.bias"
+@pytest.mark.parametrize(("fixture", "name"), [("tiny-qwen2", "blk.1.attn_v.bias"),
+                                               ("tiny-llama3-ropefreqs", "rope_freqs.weight")])
+def test_vectors_must_be_f32(tiny_models: dict[str, Path], fixture: str, name: str) -> None:
+    model = open_gguf(tiny_models[fixture])
     tensors = {**model.tensors, name: dataclasses.replace(model.tensors[name], type_name="F16")}
-    with pytest.raises(UnsupportedModelError, match=r"blk\.1\.attn_v\.bias is F16"):
+    with pytest.raises(UnsupportedModelError, match=re.escape(name) + " is F16"):
         describe(dataclasses.replace(model, tensors=tensors))
 
 
@@ -115,6 +126,7 @@ SWITCHES = {
     "tiny-gemma3-scaled": [
         {"final_logit_softcapping": 0.0}, {"rope_freq_scale": 1.0}, {"attention_scale": 0.0}, {"sliding_window": 0},
     ],
+    "tiny-llama3-ropefreqs": [{"rope_freq_factors": ()}],
 }  # fmt: skip
 
 

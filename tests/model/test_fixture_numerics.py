@@ -4,8 +4,10 @@ Each fixture mixes quant types (Q8_0/Q4_1, Q4_0/F16, F32/Q8_0, tied and untied o
 plain MHA) and covers one architecture: llama, qwen2 (q/k/v biases), qwen3 (QK-norm, a head size
 other than n_embd/n_head), gemma3 (six layers, a window of 5 on the local ones and one global layer)
 and gemma3 with every option (window 3 and period 2, local RoPE base, linear RoPE scaling, a query
-scalar, final logit softcapping). The sequence covers a prefill, decodes at growing positions, and a second prefill
-that continues after cached rows, so attention over old and new rows is checked on every device.
+scalar, final logit softcapping), and llama with Llama 3.1's per-pair RoPE frequency factors
+(`rope_freqs.weight`). The sequence covers a prefill, decodes at growing positions, and a second
+prefill that continues after cached rows, so attention over old and new rows is checked on every
+device.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
         "tiny-qwen3",
         "tiny-gemma3",
         "tiny-gemma3-scaled",
+        "tiny-llama3-ropefreqs",
     ],
 )
 def test_compiled_matches_reference(

@@ -5,7 +5,8 @@ out); each is prefilled on its own (in two parts: the first K/V only, `prefill_r
 reading the first's rows by slot),
 then all of them decode together in one `decode_batch` step per position, padded to a compiled
 bucket, and every row's logits must equal its own sequence's reference. Covers the window
-masking of gemma3's local layers (positions past the window) and rows at different positions.
+masking of gemma3's local layers (positions past the window), rows at different positions, and
+Llama 3's RoPE frequency factors in the batch's per-row angle table.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> float:
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
-@pytest.mark.parametrize("fixture", ["tiny-q8-q41", "tiny-gemma3"])
+@pytest.mark.parametrize("fixture", ["tiny-q8-q41", "tiny-gemma3", "tiny-llama3-ropefreqs"])
 def test_batched_decode_matches_each_sequence(
     fixture: str, device: str, tiny_models: dict[str, Path], open_session: SessionFactory
 ) -> None:

@@ -1,7 +1,8 @@
 """Reading a GGUF file: metadata, tensor index and identity, with clear errors for bad files.
 
 Owns: `GGUFModel` (a validated view of one .gguf: its metadata as plain Python values, the
-tensor index in GGUF order, the file identity hash) and `default_model_path()`.
+tensor index in GGUF order, the file identity hash, and `read_f32` for the few small tensors the
+model description reads itself) and `default_model_path()`.
 Imports: zinc.model.gguf_header, zinc.errors. Nothing here touches IREE.
 """
 
@@ -11,6 +12,7 @@ import functools
 import hashlib
 import importlib.util
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,24 @@ class GGUFModel:
         if not isinstance(arch, str):
             raise GGUFError(f"{self.path}: GGUF has no general.architecture key")
         return arch
+
+    def read_f32(self, name: str) -> tuple[float, ...]:
+        """The values of the small F32 tensor `name`, read from the file (for tensors the compiled
+        graph takes as constants rather than as parameters, like Llama 3's `rope_freqs.weight`)."""
+        info = self.tensors.get(name)
+        if info is None:
+            raise GGUFError(f"{self.path}: tensor {name} is missing")
+        if info.type_name != "F32":
+            raise GGUFError(f"{self.path}: tensor {name} is {info.type_name}, expected F32")
+        count = 1
+        for n in info.ne:
+            count *= n
+        with self.path.open("rb") as f:
+            f.seek(info.offset)
+            data = f.read(4 * count)
+        if len(data) != 4 * count:
+            raise GGUFError(f"{self.path}: truncated GGUF: tensor {name} ends past the end of the file")
+        return struct.unpack(f"<{count}f", data)
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:

@@ -3,14 +3,16 @@
 Owns: `HParams` (field names mirror GGUF's `{arch}.*` keys; the layer recipe's switches — RoPE
 mode, biases, QK-norm, post-norms, GELU, sliding windows, scales — are fields too, so the compiled
 graph and the numpy reference read one description), `ModelDescription` (hparams plus the quant
-type of every tensor the graph reads), the architecture registry, and `base_hparams`, the keys
-every architecture shares. An architecture module (llama, qwen, gemma3) provides `hparams(meta)`
+type of every tensor the graph reads), the architecture registry, `base_hparams` (the keys every
+architecture shares) and `rope_freq_factors` (Llama 3's `rope_freqs.weight`, the one tensor whose
+values the description holds). An architecture module (llama, qwen, gemma3) provides `hparams(meta)`
 and `tensors(hp)`; the graph itself lives in zinc.compiler.
 Imports: zinc.model.gguf_file, zinc.errors.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -38,6 +40,9 @@ class HParams:
     rope_type: str = "norm"  # "norm": adjacent pairs (llama); "neox": first half with second half
     rope_freq_scale: float = 1.0  # linear RoPE scaling (1 / rope.scaling.factor), global layers only
     rope_freq_base_swa: float = 0.0  # sliding-window layers' RoPE base (0: rope_freq_base)
+    # per-pair RoPE frequency divisors, n_rot/2 of them (Llama 3.1/3.2's `rope_freqs.weight`):
+    # pair i turns by pos * base^(-2i/n_rot) / rope_freq_factors[i] (llama.cpp's freq_factors); (): none
+    rope_freq_factors: tuple[float, ...] = ()
     sliding_window: int = 0  # attention.sliding_window: keys at distance >= this are masked (0: none)
     sliding_window_pattern: int = 0  # every Nth layer (il % N == N - 1) is global, the rest windowed
     attention_scale: float = 0.0  # query scale before q.k (0: 1 / sqrt(key_length))
@@ -73,7 +78,10 @@ class HParams:
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> HParams:
-        return HParams(**d)
+        fields = dict(d)
+        if "rope_freq_factors" in fields:  # a JSON list; the dataclass is frozen and hashable
+            fields["rope_freq_factors"] = tuple(float(x) for x in fields["rope_freq_factors"])
+        return HParams(**fields)
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,25 @@ def rope_scaling(model: GGUFModel, arch: str) -> float:
             f"{arch}.rope.scaling.type {kind!r} is not supported (zinc supports linear)"
         )
     return 1.0 / factor
+
+
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def rope_freq_factors(model: GGUFModel, n_rot: int) -> tuple[float, ...]:
+    """Llama 3.1/3.2's per-pair RoPE frequency divisors from `rope_freqs.weight` (n_rot/2 F32
+    values, as llama.cpp's converter writes them for rope_type llama3), or () when it is absent."""
+    info = model.tensors.get(ROPE_FREQS)
+    if info is None:
+        return ()
+    if info.ne != (n_rot // 2,):
+        raise GGUFError(f"{model.path}: tensor {ROPE_FREQS} has shape {list(info.ne)}, expected [{n_rot // 2}]")
+    if info.type_name != "F32":
+        raise UnsupportedModelError(f"tensor {ROPE_FREQS} is {info.type_name}; zinc reads vectors as F32 only")
+    factors = model.read_f32(ROPE_FREQS)
+    if not all(math.isfinite(f) and f > 0 for f in factors):
+        raise GGUFError(f"{model.path}: tensor {ROPE_FREQS} holds a factor that is not a positive number")
+    return factors
 
 
 def describe(model: GGUFModel) -> ModelDescription:

@@ -1,17 +1,28 @@
 """The `llama` architecture (SmolLM2 is one): hyperparameters and expected tensors.
 
 Pre-norm decoder: RMSNorm, attention with RoPE on adjacent pairs (GGUF's llama q/k weights are
-permuted for it) and grouped KV heads, RMSNorm, SwiGLU feed-forward; logits from `output.weight`
-or, when absent, the tied `token_embd.weight`. `attention_tensors`/`ffn_tensors` are the layer
+permuted for it; Llama 3.1/3.2 divide each pair's frequency by the F32 `rope_freqs.weight`, which
+the description reads into `HParams.rope_freq_factors`) and grouped KV heads, RMSNorm, SwiGLU
+feed-forward; logits from `output.weight` or, when absent, the tied `token_embd.weight`. `attention_tensors`/`ffn_tensors` are the layer
 tensors that qwen2, qwen3 and gemma3 share with it.
 Imports: zinc.model.hparams, zinc.model.gguf_file, zinc.errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 from zinc.errors import UnsupportedModelError
 from zinc.model.gguf_file import GGUFModel
-from zinc.model.hparams import Architecture, ExpectedTensor, HParams, base_hparams, register
+from zinc.model.hparams import (
+    ROPE_FREQS,
+    Architecture,
+    ExpectedTensor,
+    HParams,
+    base_hparams,
+    register,
+    rope_freq_factors,
+)
 
 ARCH = "llama"
 
@@ -20,7 +31,7 @@ def hparams(model: GGUFModel) -> HParams:
     hp = base_hparams(model, ARCH)
     if hp.rope_freq_scale != 1.0:
         raise UnsupportedModelError("llama with rope scaling is not supported yet")
-    return hp
+    return dataclasses.replace(hp, rope_freq_factors=rope_freq_factors(model, hp.rope_dimension_count))
 
 
 def output_tensors(hp: HParams) -> list[ExpectedTensor]:
@@ -71,6 +82,8 @@ def layer_tensors(hp: HParams, il: int) -> list[ExpectedTensor]:
 
 def tensors(hp: HParams) -> list[ExpectedTensor]:
     out = output_tensors(hp)
+    if hp.rope_freq_factors:
+        out.append(ExpectedTensor(ROPE_FREQS, (hp.rope_dimension_count // 2,)))
     for il in range(hp.block_count):
         out += layer_tensors(hp, il)
     return out

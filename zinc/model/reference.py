@@ -3,9 +3,10 @@
 Owns: `ReferenceModel`, which dequantizes GGUF weights with `gguf.quants.dequantize` and runs the
 same math as the compiled graph, written plainly (llama2.c's `forward`, in numpy), one token
 block at a time with its own KV cache. It follows the recipe in `HParams` (llama, qwen2, qwen3,
-gemma3): NEOX or adjacent-pair RoPE with per-layer bases, q/k/v biases, per-head QK RMSNorm,
-post-norms, SwiGLU or tanh-GELU gating, sliding-window layers, embedding and query scales and
-final logit softcapping. With `q8_activations`, it also follows the CPU's integer dot-product
+gemma3): NEOX or adjacent-pair RoPE with per-layer bases and Llama 3's per-pair frequency
+factors, q/k/v biases, per-head QK RMSNorm, post-norms, SwiGLU or tanh-GELU gating,
+sliding-window layers, embedding and query scales and final logit softcapping. With
+`q8_activations`, it also follows the CPU's integer dot-product
 kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows in groups of 8,
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
 do. With `kv_f16`, cached keys and values are rounded to f16 as the CPU's KV slab stores them
@@ -16,6 +17,7 @@ Imports: numpy, gguf, zinc.model.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -55,19 +57,46 @@ def silu(x: F64) -> F64:
     return np.asarray(x / (1.0 + np.exp(-x)))
 
 
+class _Weights(Mapping[str, F64]):
+    """The model's tensors in float64 as [ne1, ne0], dequantized up front, or (`lazy`) the
+    matrices each time they are read and the vectors once."""
+
+    def __init__(self, reader: GGUFReader, lazy: bool) -> None:
+        self._tensors = {t.name: t for t in reader.tensors}
+        self._lazy = lazy
+        self._kept = {n: self._load(n) for n, t in self._tensors.items() if not lazy or len(t.shape) == 1}
+
+    def _load(self, name: str) -> F64:
+        t = self._tensors[name]
+        arr = dequantize(t.data, t.tensor_type).astype(np.float64)
+        return arr.reshape([int(x) for x in reversed(t.shape)])
+
+    def __getitem__(self, name: str) -> F64:
+        kept = self._kept.get(name)
+        return kept if kept is not None else self._load(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
 class ReferenceModel:
-    def __init__(self, model: GGUFModel, q8_activations: bool = False, kv_f16: bool = False) -> None:
+    def __init__(
+        self, model: GGUFModel, q8_activations: bool = False, kv_f16: bool = False, lazy: bool = False
+    ) -> None:
+        """`lazy`: dequantize each matrix when a step uses it, not all up front (a 1B model's
+        weights in float64 are 10 GB; one at a time, its output head's 2 GB)."""
         self.hp = describe(model).hparams
         reader = GGUFReader(model.path, "r")
-        self.w: dict[str, F64] = {}
+        self.w: Mapping[str, F64] = _Weights(reader, lazy)
         self.q8_activations = q8_activations
         self.kv_f16 = kv_f16
         self.q8_weights: set[str] = set()  # weights whose matmuls take Q8 activations
         for t in reader.tensors:
             if t.tensor_type.name in Q8_WEIGHTS and len(t.shape) == 2 and int(t.shape[1]) % 8 == 0:
                 self.q8_weights.add(t.name)
-            arr = dequantize(t.data, t.tensor_type).astype(np.float64)
-            self.w[t.name] = arr.reshape([int(x) for x in reversed(t.shape)])  # [ne1, ne0]
         hp = self.hp
         self.k = np.zeros((hp.block_count, 0, hp.head_count_kv, hp.key_length))
         self.v = np.zeros_like(self.k)
@@ -86,6 +115,8 @@ class ReferenceModel:
         nr = hp.rope_dimension_count
         i = np.arange(nr // 2)
         theta = (pos * hp.rope_scale(il))[:, None] * hp.rope_base(il) ** (-2.0 * i / nr)  # [T, nr/2]
+        if hp.rope_freq_factors:  # Llama 3.1/3.2: each pair's frequency divided by its factor
+            theta = theta / np.asarray(hp.rope_freq_factors, dtype=np.float64)
         c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
         out = x.copy()
         if hp.rope_type == "neox":  # dim i pairs with i + nr/2
