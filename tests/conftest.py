@@ -39,7 +39,16 @@ KERNEL_FORMS = [
 ]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--sizes", action="store_true", help="run the sizes tier (real-shape models, `-m sizes`)")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.getoption("--sizes"):  # the sizes tier is deselected, not skipped: it is opt-in
+        tier = [item for item in items if item.get_closest_marker("sizes")]
+        if tier:
+            config.hook.pytest_deselected(items=tier)
+            items[:] = [item for item in items if not item.get_closest_marker("sizes")]
     if vulkan_devices():
         return
     skip = pytest.mark.skip(reason="no Vulkan device (install mesa-vulkan-drivers libvulkan1 for lavapipe)")
