@@ -310,7 +310,9 @@ def main() -> int:
             )
         ]
     )
-    builds = {r.get("build") for m in models for r in m["llama"]}
+    version = llama_bin / ".." / ".." / "VERSION" if llama_bin else None  # scripts/bench-sizes writes it
+    builds = {version.read_text().strip()} if version and version.exists() else set()
+    builds |= {r["build"] for m in models for r in m["llama"] if r.get("build") not in (None, "unknown")}
     data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "runs": args.runs,
             "bandwidth_gbps": bw / 1e9, "models": models, "long": long if args.long_model else [], "llama_build": ", ".join(sorted(str(b) for b in builds))}  # fmt: skip
     (REPO / ".bench").mkdir(exist_ok=True)
