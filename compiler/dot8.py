@@ -3,8 +3,9 @@
 Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_INT8` is not 0),
 the grouped weight layout (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a
 group side by side, 4 bytes of each row at a time; Q5_0's fifth bits re-ordered into one 32-bit
-word per load and nibble half, see `_q5_0_fifth_bits`; Q4_K and Q6_K are unpacked into 32-blocks with
-f32 scales, Q6_K's quants into signed bytes) and the kernels that read it:
+word per load and nibble half, see `_q5_0_fifth_bits`; Q4_K is unpacked into 32-blocks with f32
+scales; Q6_K into Q4_0-like nibbles, their 2-bit highs beside them, int8 scales per 16 and the
+super-block's d, as many bytes as GGUF's, `_repack_q6_k`) and the kernels that read it:
   - decode (`render_decode`, one token or a static batch of rows): a hand-written dispatch
     (`mlir/dot8_decode.mlir`, a `stream.executable` IREE compiles as it is). Each workgroup first
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
@@ -46,9 +47,9 @@ from zinc.errors import ZincError
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
 # type -> 32-byte loads per block
-DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 8}
-# scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's weights are
-# signed bytes (q - 32) with one scale d * sc per 16 (planes d and d2: each 32-block's two halves)
+DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 4}
+# scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's super-block d
+# (one per 256 weights; its int8 scales per 16 weights are a plane `sc` of their own)
 F32_SCALES = ("Q4_K", "Q6_K")
 # the types with a 512-bit form: all. Q8_0 reads twice the bytes per product and was left out
 # while the quants were prefetched into L1 (two groups' streams at once, as they were before the
@@ -74,7 +75,7 @@ DECODE_WORKGROUPS, PREFILL_WORKGROUPS = 2, 2
 # 3.90); Gemma 3: 4.78 / 6.17 / 9.73 -> 4.51 / 5.85 / 9.53 ms (docs/PERFORMANCE.md, History).
 PREFETCH_BLOCKS = 64
 PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefetcht1 (L2)
-# Stack bytes a kernel's quantized activation rows may take (32 int8 and two f32 a 32-block a row):
+# Stack bytes a kernel's quantized activation rows may take (32 int8 and up to three f32 a 32-block a row):
 # IREE's CPU backend refuses a function with more than 32 KiB of stack, and its worker threads
 # have little more. Past this the rows are quantized once by a dispatch of their own, into buffers
 # the kernel reads (`quantized_apart`): an 8-row tile over SmolLM2's or Gemma 3 270M's widest rows
@@ -161,7 +162,8 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
     [n/8, k/32, 8 rows] as f16 bits (f32 for Q4_K and Q6_K), and the same again for the
-    minimums of Q4_1 and Q4_K (`m`) or the second 16 weights' scales of Q6_K (`d2`); Q5_0's
+    minimums of Q4_1 and Q4_K (`m`); Q6_K's (`_repack_q6_k`) 2-bit highs `hb`, int8 scales `sc`
+    [n/8, k/32, 2 halves, 8 rows] and super-block d [n/8, k/256, 8 rows] in f32; Q5_0's
     fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as i32 words. A `paired` weight has
     n/16 pairs of 16 rows where these have n/8 groups of 8 (`qh` stays per group)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
@@ -170,8 +172,10 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     out = {"qs": f"tensor<{units}x{b}x{loads}x{v}x4xi8>", "d": f"tensor<{units}x{b}x{v}x{scale}>"}
     if q.name in ("Q4_1", "Q4_K"):
         out["m"] = out["d"]
-    if q.name == "Q6_K":
-        out["d2"] = out["d"]
+    if q.name == "Q6_K":  # 2-bit highs [.., 2 loads, rows, 4 bytes], scales per half, d per 256
+        out["hb"] = f"tensor<{units}x{b}x2x{v}x4xi8>"
+        out["sc"] = f"tensor<{units}x{b}x2x{v}xi8>"
+        out["d"] = f"tensor<{units}x{b // 8}x{v}xf32>"
     if q.name == "Q5_0":
         out["qh"] = f"tensor<{ng}x{b}x4x2xi32>"
     return out
@@ -192,7 +196,7 @@ def _pair(plane: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     side in each block (a load's 32 bytes of one then of the other, 64 in all; their 8 scales
     each, 16 in all), so that a 512-bit kernel reads a pair with one load, not two and a shuffle."""
     ng, b, *rest = plane.shape
-    at = len(rest) - 2 if len(rest) == 3 else 0  # the rows axis: quants [loads, 8, 4], scales [8]
+    at = len(rest) - 2 if len(rest) == 3 else len(rest) - 1  # rows: quants [loads, 8, 4], scales [.., 8]
     pairs = plane.reshape(ng // 2, 2, b, *rest)
     order = [0, 2, *range(3, 3 + at), 1, *range(3 + at, 3 + len(rest))]
     merged = [*rest[:at], 2 * G, *rest[at + 1 :]]
@@ -335,6 +339,23 @@ def _avx2_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
     and again after 2 and 3, before they could saturate). Returns the lines, Q6_K's first-half sum
     and the sum (vector<8xi32>, one lane per output row of the group)."""
     lines: list[str] = []
+    if q.name == "Q6_K":  # per half: loads 0 and 1, then 2 and 3 (2 * 63 * 127 a pair sum) widened
+        half_sums: list[str] = []
+        for half, base in (("lo", 0), ("hi", 4)):
+            words = []
+            for pair in ((0, 1), (2, 3)):
+                for s in pair:
+                    lines += _x_lines(r, base + s)
+                    x = f"%x{r}_{base + s}"
+                    lines.append(f"%p{r}_{base + s} = {_intr('pmadd.ub.sw', f'%{half}{s}', x, '32xi8', '16xi16')}")
+                lines.append(
+                    f"%q{r}{half}{pair[0]} = arith.addi %p{r}_{base + pair[0]}, %p{r}_{base + pair[1]} : vector<16xi16>"
+                )
+                lines.append(f"%qw{r}{half}{pair[0]} = {_intr('pmadd.wd', f'%q{r}{half}{pair[0]}', '%ones', '16xi16', '8xi32')}")
+                words.append(f"%qw{r}{half}{pair[0]}")
+            lines.append(f"%i{r}{half} = arith.addi {words[0]}, {words[1]} : vector<8xi32>")
+            half_sums.append(f"%i{r}{half}")
+        return lines, half_sums[0], half_sums[1]
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
     five = q.name == "Q5_0"
@@ -450,6 +471,21 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
                     f"%{hv}h16 = arith.select %{hv}hm, %c16v, %c0v : vector<{4 * v}xi1>, {vb}",
                     f"%{hv} = arith.ori %{hv}n, %{hv}h16 : {vb}",
                 ]
+        elif halves16:  # the nibbles with the 2-bit highs of load s from bits 4t, 4t + 2 of load p
+            pl, t_ = divmod(s, 2)
+            if t_ == 0:
+                lines += _group_load(f"%hb{pl}", "%whb", f"%b, %c{pl}, %c0", "${HB}", "32xi8", v)
+            hi_h = f"arith.shli %hb{pl}, %c2v : {vb}" if t_ == 0 else f"arith.shrui %hb{pl}, %c2v : {vb}"
+            lines += [
+                f"%lo{s}n = arith.andi %w{s}, %m15 : {vb}",
+                f"%hi{s}n = arith.shrui %w{s}, %c4v : {vb}",
+                *([f"%lo{s}s = arith.shli %hb{pl}, %c4v : {vb}"] if t_ == 0 else []),
+                f"%hi{s}s = {hi_h}",
+                f"%lo{s}h = arith.andi {f'%lo{s}s' if t_ == 0 else f'%hb{pl}'}, %m48 : {vb}",
+                f"%hi{s}h = arith.andi %hi{s}s, %m48 : {vb}",
+                f"%lo{s} = arith.ori %lo{s}n, %lo{s}h : {vb}",
+                f"%hi{s} = arith.ori %hi{s}n, %hi{s}h : {vb}",
+            ]
         elif four:
             lines += [
                 f"%lo{s} = arith.andi %w{s}, %m15 : {vb}",
@@ -473,7 +509,15 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
                 f"%ax{r} = math.fma %fa{r}, %t{r}, %acc{r} : {vf}",
                 f"%f{r} = arith.sitofp {acc} : {vi} to {vf}",
                 f"%t2{r} = arith.mulf %d2w, %dxv{r} : {vf}",
-                f"%a{r} = math.fma %f{r}, %t2{r}, %ax{r} : {vf}",
+                f"%a{r}z = math.fma %f{r}, %t2{r}, %ax{r} : {vf}",
+                # - 32 d sum(x) per half, sum(x) as d_x * sum(q_x): the first half's (sh) and the rest
+                f"%sh{r} = memref.load %sh[%xr{r}, %b] : memref<${{DX}}>",
+                f"%sx{r} = memref.load %sx[%xr{r}, %b] : memref<${{DX}}>",
+                f"%sd{r} = arith.subf %sx{r}, %sh{r} : f32",
+                f"%shv{r} = vector.broadcast %sh{r} : f32 to {vf}",
+                f"%sdv{r} = vector.broadcast %sd{r} : f32 to {vf}",
+                f"%a{r}w = math.fma %mw, %shv{r}, %a{r}z : {vf}",
+                f"%a{r} = math.fma %m2w, %sdv{r}, %a{r}w : {vf}",
             ]
             continue
         lines += [
@@ -545,9 +589,9 @@ def render_decode(
         f"{kv_prefetch.wrapper_dims(kv, r) if kv else ''}"
         f"  %xb = tensor.expand_shape %x [[0], [1, 2]] output_shape [{r}, {b}, 32] "
         f": tensor<{r}x{k}xf32> into tensor<{r}x{b}x32xf32>\n"
-        f"{_quantize_call(name, r, k, '')}"
-        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, {_x_operands(r, k)}{kv_ops}) "
-        f": ({operand_types}, {_x_types(r, k, str(r), '')}{kv_types}) -> tensor<{r}x{n}xf32>\n"
+        f"{_quantize_call(q, name, r, k, '')}"
+        f"  %y = flow.dispatch @{name}_ex::@{name}({operands}, {_x_operands(q, r, k)}{kv_ops}) "
+        f": ({operand_types}, {_x_types(q, r, k, str(r), '')}{kv_types}) -> tensor<{r}x{n}xf32>\n"
         f"  return %y : tensor<{r}x{n}xf32>\n}}\n"
     )
     return _render(q, n, k, name, r, wrapper, prefill=False, kv=kv, parts=parts)
@@ -573,7 +617,7 @@ def render_prefill(q: QuantType, n: int, k: int) -> str:
     tensor.yield %zero : f32
   }} : tensor<?x{k}xf32> to tensor<?x{k}xf32>
   %xb = tensor.expand_shape %xp [[0], [1, 2]] output_shape [%Tp, {b}, 32] : tensor<?x{k}xf32> into tensor<?x{b}x32xf32>
-{_quantize_call(name, PREFILL_ROWS, k, "%Tp")}  %yp = flow.dispatch @{name}_ex::@{name}[%Tp]({operands}, {_x_operands(PREFILL_ROWS, k)}, %Tp) : ({operand_types}, {_x_types(PREFILL_ROWS, k, "?", "{%Tp}")}, index) -> tensor<?x{n}xf32>{{%Tp}}
+{_quantize_call(q, name, PREFILL_ROWS, k, "%Tp")}  %yp = flow.dispatch @{name}_ex::@{name}[%Tp]({operands}, {_x_operands(q, PREFILL_ROWS, k)}, %Tp) : ({operand_types}, {_x_types(q, PREFILL_ROWS, k, "?", "{%Tp}")}, index) -> tensor<?x{n}xf32>{{%Tp}}
   %y = tensor.extract_slice %yp[0, 0] [%T, {n}] [1, 1] : tensor<?x{n}xf32> to tensor<?x{n}xf32>
   return %y : tensor<?x{n}xf32>
 }}
@@ -598,23 +642,28 @@ def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
 
 def _repack_q6_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
     """Q6_K super-blocks (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d)
-    as signed bytes q - 32 in weight order, with the scale d * sc of each 16 weights in f32."""
+    in 32-blocks with no more bytes than GGUF's (a token reads every one): the low nibbles paired as
+    Q4_0's (byte i = element i | element 16 + i << 4, `qs`), the 2-bit highs of load s (2p + t)
+    in the bits 4t (element 4s + j) and 4t + 2 (element 16 + 4s + j) of byte j of load p (`hb`), the
+    int8 scale of each half of the block (`sc`) and the super-block's d in f32 (`d`). The kernel
+    multiplies the unsigned quants and takes 32 times the half's activation sum off."""
     nb, b, ng = k // 256, k // 32, n // G
     blocks = np.ascontiguousarray(raw).reshape(n, nb, 210)
     ql = blocks[:, :, 0:128].reshape(n, nb, 2, 2, 32)  # [half, l >= 32, l]
     qh = blocks[:, :, 128:192].reshape(n, nb, 2, 1, 32)  # [half, l]
-    sc = blocks[:, :, 192:208].view(np.int8).astype(np.float32)  # [n, nb, 16]
+    low = np.concatenate([ql & 15, ql >> 4], axis=3).reshape(n, b, 32)  # weight order
+    high = np.concatenate([(qh >> (2 * j)) & 3 for j in range(4)], axis=3).reshape(n, b, 32)
+    packed = (low[..., :16] | (low[..., 16:] << 4)).astype(np.uint8)
+    h = high.reshape(n, b, 2, 2, 2, 4).astype(np.uint8)  # element 16 h + 8 p + 4 t + j: [h, p, t, j]
+    hb = h[:, :, 0, :, 0] | (h[:, :, 1, :, 0] << 2) | (h[:, :, 0, :, 1] << 4) | (h[:, :, 1, :, 1] << 6)
+    sc = blocks[:, :, 192:208].view(np.int8).reshape(n, b, 2)
     d = blocks[:, :, 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-    low = np.concatenate([ql & 15, ql >> 4], axis=3)  # [half, 4 quarters of 32, l]: quarter j = l + 32 j
-    high = np.concatenate([(qh >> (2 * j)) & 3 for j in range(4)], axis=3)
-    q = (low | (high << 4)).astype(np.int16) - 32  # [n, nb, 2, 4, 32] = weight order
-    scale = (d[..., None] * sc).reshape(n, b, 2)  # [n, 32-block, half]
-
-    def plane(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:  # [n, b] -> [n/8, b, 8]
-        return np.ascontiguousarray(a.reshape(ng, G, b).transpose(0, 2, 1)).astype(np.float32)
-
-    qs = q.astype(np.int8).view(np.uint8).reshape(n, b, 32)
-    return {"qs": _group(qs, ng, b, 8), "d": plane(scale[..., 0]), "d2": plane(scale[..., 1])}
+    return {
+        "qs": _group(packed, ng, b, 4),
+        "hb": _group(np.ascontiguousarray(hb).reshape(n, b, 8), ng, b, 2),
+        "sc": np.ascontiguousarray(sc.reshape(ng, G, b, 2).transpose(0, 2, 3, 1)),
+        "d": np.ascontiguousarray(d.reshape(ng, G, nb).transpose(0, 2, 1)),
+    }
 
 
 def _args(q: QuantType, n: int, k: int) -> str:
@@ -644,8 +693,25 @@ def _render(
     nwg = -(-units // per_wg)
     types = plane_types(q, n, k)
     dscale = _scale_load(q, "%wd", "%dw", v)
-    if q.name == "Q6_K":
-        mscale = _scale_load(q, "%wd2", "%d2w", v)
+    if q.name == "Q6_K":  # d * sc of each half, and -32 times it (the quants are stored unsigned)
+        dscale = "\n          ".join([
+            "%c3q = arith.constant 3 : index",
+            "%b8 = arith.shrui %b, %c3q : index",
+            *_group_load("%dsup", "%wd", "%b8, %c0", "${DS}", "8xf32", v),
+            *_group_load("%sclo", "%wsc", "%b, %c0, %c0", "${SC}", "8xi8", v),
+            *_group_load("%schi", "%wsc", "%b, %c1, %c0", "${SC}", "8xi8", v),
+            f"%sclof = arith.sitofp %sclo : vector<{v}xi8> to vector<{v}xf32>",
+            f"%schif = arith.sitofp %schi : vector<{v}xi8> to vector<{v}xf32>",
+            f"%dw = arith.mulf %sclof, %dsup : vector<{v}xf32>",
+            f"%d2w = arith.mulf %schif, %dsup : vector<{v}xf32>",
+        ])
+        mscale = "\n          ".join([
+            f"%m32 = arith.constant dense<-32.0> : vector<{v}xf32>",
+            f"%mw = arith.mulf %dw, %m32 : vector<{v}xf32>",
+            f"%m2w = arith.mulf %d2w, %m32 : vector<{v}xf32>",
+            f"%m48 = arith.constant dense<48> : vector<{4 * v}xi8>",
+            f"%c2v = arith.constant dense<2> : vector<{4 * v}xi8>",
+        ])  # fmt: skip
     elif q.name in ("Q4_1", "Q4_K"):
         mscale = _scale_load(q, "%wm", "%mw", v)
     elif q.name == "Q4_0":
@@ -667,7 +733,9 @@ def _render(
     scale = "f32" if q.name in F32_SCALES else "i16"
     shapes = {  # the planes (a pair of groups per unit where v = 16, see `_pair`)
         "QS": f"{units}x{b}x{loads}x{4 * v}xi8",
-        "DS": f"{units}x{b}x{v}x{scale}",
+        "DS": f"{units}x{b // 8}x{v}x{scale}" if q.name == "Q6_K" else f"{units}x{b}x{v}x{scale}",
+        "HB": f"{units}x{b}x2x{4 * v}xi8",
+        "SC": f"{units}x{b}x2x{v}xi8",
         "XQ": f"{xr if apart else r}x{b}x32xi8",
         "DX": f"{xr if apart else r}x{b}xf32",
         "QH": f"{ng}x{b}x4x2xi32",
@@ -698,49 +766,67 @@ def _render(
         STORES="\n".join(stores), BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in types),
         WM="\n".join(
             f"    %{v} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<${{{shape}}}>"
-            for p, v, shape in (("m", "wm", "DS"), ("d2", "wd2", "DS"), ("qh", "wh", "QH")) if p in types
+            for p, v, shape in (("m", "wm", "DS"), ("hb", "whb", "HB"), ("sc", "wsc", "SC"), ("qh", "wh", "QH"))
+            if p in types
         ),
         DSCALE=dscale, MSCALE=mscale, BODY=_load_lines(q, r, v), WRAPPER=wrapper,
-        X_BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in (("xq", "dx", "sx") if apart else ("x",))),
-        X_SETUP=_x_setup(r, b, xr, "{%tp}" if prefill else "", apart),
+        X_BINDINGS=", ".join(f"%b_{p}: !stream.binding" for p in (_x_planes(q) if apart else ("x",))),
+        X_SETUP=_x_setup(q, r, b, xr, "{%tp}" if prefill else "", apart),
         KV_BINDINGS=kv_prefetch.bindings() if kv else "", KV_ARGS=kv_prefetch.index_args() if kv else "",
         KV_SETUP=kv_prefetch.setup(kv, r) if kv else "",
         KV_PREFETCH="\n".join("          " + ln for ln in kv_prefetch.loop_lines(kv, r)) if kv else "",
     )  # fmt: skip
     for key, val in shapes.items():
         text = text.replace("${" + key + "}", val)  # the memref shapes inside the inserted fragments
-    return _quantize_executable(name, r, k, prefill) + text if apart else text
+    return _quantize_executable(q, name, r, k, prefill) + text if apart else text
 
 
 def quantized_apart(rows: int, k: int) -> bool:
     """Whether a kernel over `rows` activation rows of width `k` reads them quantized by a
     dispatch before it (`STACK_BUDGET`) instead of quantizing them on its own stack."""
-    return rows * (k // 32) * 40 > STACK_BUDGET
+    return rows * (k // 32) * 44 > STACK_BUDGET
 
 
-def _quantize_block(x_row: str, q_row: str, xm: str, xq: str, dx: str) -> str:
-    """mlir/dot8_quantize_block.mlir (its comment lines left out) for one row of x."""
+def _quantize_block(x_row: str, q_row: str, xm: str, xq: str, dx: str, halves: bool) -> str:
+    """mlir/dot8_quantize_block.mlir (its comment lines left out) for one row of x; with `halves`
+    (Q6_K, whose quants are stored unsigned) also d_x times the sum of the first 16, into %sh."""
     body = template("dot8_quantize_block.mlir").template
-    lines = "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("//"))
-    return Template(lines).substitute(X_ROW=x_row, Q_ROW=q_row, XM=xm, XQ=xq, DX=dx)
+    lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("//")]
+    if halves:
+        lines += [
+            "        %qs16 = vector.reduction <add>, %p01 : vector<8xi32> into i32",
+            "        %qs16f = arith.sitofp %qs16 : i32 to f32",
+            "        %sh16 = arith.mulf %qs16f, %d : f32",
+            "        memref.store %sh16, %sh[${Q_ROW}, %b] : memref<${DX}>",
+        ]
+    return Template("\n".join(lines)).substitute(X_ROW=x_row, Q_ROW=q_row, XM=xm, XQ=xq, DX=dx)
 
 
-def _x_setup(r: int, b: int, xr: str, td: str, apart: bool) -> str:
+def _x_planes(q: QuantType) -> tuple[str, ...]:
+    """The quantized activation buffers a kernel of type `q` reads: the quants, d_x and d_x * sum
+    of each block, and for Q6_K d_x * sum of its first 16."""
+    return ("xq", "dx", "sx", "sh") if q.name == "Q6_K" else ("xq", "dx", "sx")
+
+
+def _x_setup(q: QuantType, r: int, b: int, xr: str, td: str, apart: bool) -> str:
     """The kernel's quantized rows: its bound buffers (`quantized_apart`), or stack buffers it
     fills from x; and `%xr{i}`, the row of those buffers that the tile's row i is."""
     if apart:
         lines = [
             f"    %{p} = stream.binding.subspan %b_{p}[%c0] : !stream.binding -> memref<{xr}x{b}{e}>{td}"
-            for p, e in (("xq", "x32xi8"), ("dx", "xf32"), ("sx", "xf32"))
+            for p, e in (("xq", "x32xi8"), ("dx", "xf32"), ("sx", "xf32"), ("sh", "xf32"))
+            if p in _x_planes(q)
         ]
         base = "%r0"
     else:
-        block = _quantize_block("%rx", "%r", f"{xr}x{b}x32xf32", f"{r}x{b}x32xi8", f"{r}x{b}xf32")
+        halves = "sh" in _x_planes(q)
+        block = _quantize_block("%rx", "%r", f"{xr}x{b}x32xf32", f"{r}x{b}x32xi8", f"{r}x{b}xf32", halves)
         lines = [
             f"    %x = stream.binding.subspan %b_x[%c0] : !stream.binding -> memref<{xr}x{b}x32xf32>{td}",
             f"    %xq = memref.alloca() : memref<{r}x{b}x32xi8>",
             f"    %dx = memref.alloca() : memref<{r}x{b}xf32>",
             f"    %sx = memref.alloca() : memref<{r}x{b}xf32>",
+            *([f"    %sh = memref.alloca() : memref<{r}x{b}xf32>"] if halves else []),
             "    %fzero = arith.constant 0.0 : f32",
             "    %fmax = arith.constant 127.0 : f32",
             "    scf.for %r = %c0 to %cR step %c1 {",
@@ -754,19 +840,19 @@ def _x_setup(r: int, b: int, xr: str, td: str, apart: bool) -> str:
     return "\n".join([*lines, *(f"    %xr{i} = arith.addi {base}, %c{i} : index" for i in range(r))])
 
 
-def _x_operands(r: int, k: int) -> str:
-    return "%xq, %xd, %xs" if quantized_apart(r, k) else "%xb"
+def _x_operands(q: QuantType, r: int, k: int) -> str:
+    return ", ".join(f"%x_{p}" for p in _x_planes(q)) if quantized_apart(r, k) else "%xb"
 
 
-def _x_types(r: int, k: int, xr: str, td: str) -> str:
+def _x_types(q: QuantType, r: int, k: int, xr: str, td: str) -> str:
     b = k // 32
     if not quantized_apart(r, k):
         return f"tensor<{xr}x{b}x32xf32>{td}"
-    return f"tensor<{xr}x{b}x32xi8>{td}, tensor<{xr}x{b}xf32>{td}, tensor<{xr}x{b}xf32>{td}"
+    return ", ".join(f"tensor<{xr}x{b}{'x32xi8' if p == 'xq' else 'xf32'}>{td}" for p in _x_planes(q))
 
 
-def _quantize_call(name: str, r: int, k: int, tp: str) -> str:
-    """The wrapper's dispatch that quantizes x (`%xb`) into `%xq, %xd, %xs` before the kernel
+def _quantize_call(q: QuantType, name: str, r: int, k: int, tp: str) -> str:
+    """The wrapper's dispatch that quantizes x (`%xb`) into `%x_xq, %x_dx, ..` before the kernel
     `name` where `quantized_apart` holds (tp: the padded row count of a prompt chunk, or empty)."""
     if not quantized_apart(r, k):
         return ""
@@ -774,18 +860,22 @@ def _quantize_call(name: str, r: int, k: int, tp: str) -> str:
     workload, args = (f"[{tp}]", f"%xb, {tp}") if tp else ("", "%xb")
     arg_types = f"tensor<?x{b}x32xf32>{{{tp}}}, index" if tp else f"tensor<{r}x{b}x32xf32>"
     return (
-        f"  %xq, %xd, %xs = flow.dispatch @{name}_xq_ex::@{name}_xq{workload}({args}) : ({arg_types}) -> "
-        f"(tensor<{xr}x{b}x32xi8>{td}, tensor<{xr}x{b}xf32>{td}, tensor<{xr}x{b}xf32>{td})\n"
+        f"  {_x_operands(q, r, k)} = flow.dispatch @{name}_xq_ex::@{name}_xq{workload}({args}) : ({arg_types}) -> "
+        f"({_x_types(q, r, k, xr, td)})\n"
     )
 
 
-def _quantize_executable(name: str, r: int, k: int, prefill: bool) -> str:
+def _quantize_executable(q: QuantType, name: str, r: int, k: int, prefill: bool) -> str:
     """The executable `_quantize_call` dispatches (mlir/dot8_quantize.mlir), one workgroup a row."""
     b = k // 32
     xr = "?" if prefill else str(r)
-    block = _quantize_block("%row", "%row", f"{xr}x{b}x32xf32", f"{xr}x{b}x32xi8", f"{xr}x{b}xf32")
+    halves = "sh" in _x_planes(q)
+    block = _quantize_block("%row", "%row", f"{xr}x{b}x32xf32", f"{xr}x{b}x32xi8", f"{xr}x{b}xf32", halves)
     return template("dot8_quantize.mlir").substitute(
         NAME=f"{name}_xq", B=str(b), XR=xr, BLOCK=block,
+        SH_BINDING=", %b_sh: !stream.binding" if halves else "",
+        SH_SETUP=(f"    %sh = stream.binding.subspan %b_sh[%c0] : !stream.binding -> memref<{xr}x{b}xf32>"
+                  + ("{%t}" if prefill else "")) if halves else "",
         WG_ARGS="%t: index" if prefill else "",
         WG_COUNT=("    %cz = arith.constant 0 : index\n    %n = arith.addi %t, %cz : index" if prefill
                   else f"    %n = arith.constant {r} : index"),
