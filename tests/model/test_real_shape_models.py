@@ -30,7 +30,10 @@ from zinc.runtime.device import resolve_device
 from zinc.runtime.session import ModelSession
 
 pytestmark = pytest.mark.sizes
-TOL_Q8 = 1e-2  # tests/model/test_fixture_numerics.py: Q8 activations through 2 layers
+# Q8 activations through 2 layers: the tiny fixtures' 1e-2 (tests/model/test_fixture_numerics.py)
+# is too tight at real widths, where more rounding flips add up (Llama 3.1 8B's 2 layers: 1.13e-2;
+# with the f32 kernels, ZINC_CPU_INT8=0, within 1e-2)
+TOL_Q8 = 2e-2
 TOL_Q8_DEEP = 5e-2  # tests/model/test_smollm2_numerics.py: through 30 layers
 MIXES = {"Q4_0": list(SPECS), "Q4_K_M": list(SPECS), "Q5_K_M": ["llama-3.2-1b", "qwen2.5-0.5b", "gemma3-1b"]}
 
