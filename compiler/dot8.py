@@ -75,11 +75,12 @@ DECODE_WORKGROUPS, PREFILL_WORKGROUPS = 2, 2
 # 3.90); Gemma 3: 4.78 / 6.17 / 9.73 -> 4.51 / 5.85 / 9.53 ms (docs/PERFORMANCE.md, History).
 PREFETCH_BLOCKS = 64
 PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefetcht1 (L2)
-# Stack bytes a kernel's quantized activation rows may take (32 int8 and up to three f32 a 32-block a row):
-# IREE's CPU backend refuses a function with more than 32 KiB of stack (its worker threads have
-# 128 KiB). One token's rows fit at every width of fixtures/real_shapes.py (18,944: 26 KB). Past this the rows are quantized once by a dispatch of their own, into buffers
-# the kernel reads (`quantized_apart`): an 8-row tile over SmolLM2's or Gemma 3 270M's widest rows
-# (1536, 2048) fits, over a 1B model's ffn_down (8192) it does not.
+# Stack bytes a kernel's quantized activation rows may take (32 int8 and up to three f32 a 32-block
+# a row): IREE's CPU backend refuses a function with more than 32 KiB of stack (its worker threads
+# have 128 KiB). Past this the rows are quantized once by a dispatch of their own, into buffers the
+# kernel reads (`quantized_apart`). One token's rows fit at every width of fixtures/real_shapes.py
+# (18,944: 26 KB), and an 8-row tile's over SmolLM2's or Gemma 3 270M's widest rows (1536, 2048);
+# over a 1B model's ffn_down (8192) they do not.
 STACK_BUDGET = 28 * 1024
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
