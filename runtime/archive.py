@@ -1,16 +1,17 @@
 """Parameter archives (`.irpa`): the repacked weights a CPU artifact carries beside its vmfb.
 
 Owns: `write_parameter_archive` (named arrays -> one `.irpa`, written through IREE's own writer
-so the runtime's `ParameterIndex` reads it back by mmap; the arrays come one at a time and go
-to scratch files first, in chunks, so writing an 8B model's archive holds a few MB of it in
-memory, not all)
-and `read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied whole into memory).
+so the runtime's `ParameterIndex` reads it back by mmap; the arrays come in chunks, one at a
+time, and go to scratch files first, so writing an 8B model's archive holds a chunk in memory,
+not the archive) and `read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied
+whole into memory).
 Imports: iree.runtime, numpy, zinc.model.gguf_file (TensorInfo).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -47,9 +48,7 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
             for fd in fds:
                 os.close(fd)
     finally:
-        for file, _ in files.values():
-            file.unlink(missing_ok=True)
-        scratch.rmdir()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def read_tensor_bytes(gguf_path: Path, info: TensorInfo) -> np.ndarray[Any, np.dtype[np.uint8]]:
