@@ -1,7 +1,7 @@
 """The sizes tier: whole models of real shapes (fixtures/real_shapes.py) compiled and run.
 
 Opt-in (`pytest --sizes -m sizes`, `just test-sizes`): it writes GGUFs of up to 4.7 GB and
-compiles about thirty models, a quarter of an hour on 2 cores, so CI runs the kernel tier at every
+compiles about sixty models, 35 minutes on 2 cores, so CI runs the kernel tier at every
 width of the same table instead (tests/kernels/test_real_shape_kernels.py).
 - Every shape of the table, cut to 2 layers and a byte-level vocabulary of 512 tokens (the output
   head's width n_embd stays; its row count only sizes a grid), in the quant mixes real files use:
