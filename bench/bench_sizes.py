@@ -314,7 +314,7 @@ def main() -> int:
     builds = {version.read_text().strip()} if version and version.exists() else set()
     builds |= {r["build"] for m in models for r in m["llama"] if r.get("build") not in (None, "unknown")}
     data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "runs": args.runs,
-            "bandwidth_gbps": bw / 1e9, "models": models, "long": long if args.long_model else [], "llama_build": ", ".join(sorted(str(b) for b in builds))}  # fmt: skip
+            "bandwidth_gbps": bw / 1e9, "models": models, "long": long, "llama_build": ", ".join(sorted(str(b) for b in builds))}  # fmt: skip
     (REPO / ".bench").mkdir(exist_ok=True)
     (REPO / ".bench" / "sizes.json").write_text(json.dumps(data, indent=1))
     write_report(args.out, render(data))
