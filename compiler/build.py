@@ -12,6 +12,7 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
@@ -177,34 +178,47 @@ def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
 
 
 def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep_ir: bool = False) -> Path:
+    """Compile `p` into `out_dir`. iree-compile (a subprocess) runs on a thread of its own while
+    this one repacks the weights: each keeps one core busy, and neither needs the other's output."""
     say = progress or (lambda _msg: None)
     desc = describe(p.gguf)
     say(f"iree-compile for {p.target} ({desc.hparams.block_count} layers)")
     t0 = time.perf_counter()
-    vmfb = compile_mlir(p.mlir, p.target)
-    say(f"compiled in {time.perf_counter() - t0:.1f} s ({len(vmfb) / 1e6:.2f} MB)")
-    vmfb_name = f"model.{p.target}.vmfb"
-    manifest = Manifest(
-        zinc_version=zinc_version(),
-        iree_compiler_version=compiler_version(),
-        target=p.target,
-        flags=list(p.flags),
-        gguf_identity=p.gguf.identity,
-        gguf_file_size=p.gguf.file_size,
-        architecture=desc.hparams.architecture,
-        hparams=desc.hparams,
-        entry_points=entry_points(p.batch_sizes, check_target(p.target) == "cpu"),
-        batch_sizes=list(p.batch_sizes),
-        vmfb=vmfb_name,
-        vmfb_sha256=sha256_bytes(vmfb),
-        mlir_sha256=sha256_bytes(p.mlir.encode()),
-        parameter_archives=[REPACKED_ARCHIVE] if p.repacked else [],
-        kv_cache=KVCacheGeometry(dtype=p.kv_dtype),
-    )
+
+    def compiled() -> bytes:
+        vmfb = compile_mlir(p.mlir, p.target)
+        say(f"compiled in {time.perf_counter() - t0:.1f} s ({len(vmfb) / 1e6:.2f} MB)")
+        return vmfb
+
+    def module(vmfb: bytes) -> tuple[Manifest, bytes]:
+        manifest = Manifest(
+            zinc_version=zinc_version(),
+            iree_compiler_version=compiler_version(),
+            target=p.target,
+            flags=list(p.flags),
+            gguf_identity=p.gguf.identity,
+            gguf_file_size=p.gguf.file_size,
+            architecture=desc.hparams.architecture,
+            hparams=desc.hparams,
+            entry_points=entry_points(p.batch_sizes, check_target(p.target) == "cpu"),
+            batch_sizes=list(p.batch_sizes),
+            vmfb=f"model.{p.target}.vmfb",
+            vmfb_sha256=sha256_bytes(vmfb),
+            mlir_sha256=sha256_bytes(p.mlir.encode()),
+            parameter_archives=[REPACKED_ARCHIVE] if p.repacked else [],
+            kv_cache=KVCacheGeometry(dtype=p.kv_dtype),
+        )
+        return manifest, vmfb
+
+    def repack(tmp: Path) -> None:
+        if p.repacked:
+            say(f"repacking {len(p.repacked)} weights into {REPACKED_ARCHIVE}")
+            _write_repacked(p, tmp)
+
     extra = {"model.mlir": p.mlir} if keep_ir else None
-    if p.repacked:
-        say(f"repacking {len(p.repacked)} weights into {REPACKED_ARCHIVE}")
-    return write_artifact(out_dir, manifest, vmfb, extra, payload=lambda tmp: _write_repacked(p, tmp))
+    with ThreadPoolExecutor(1, thread_name_prefix="iree-compile") as pool:
+        compiling = pool.submit(compiled)
+        return write_artifact(out_dir, lambda: module(compiling.result()), extra, payload=repack)
 
 
 def ensure_artifact(

@@ -6,9 +6,12 @@ reuses them; a fresh clone compiles each model once per run.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +26,7 @@ from zinc.runtime.session import ModelSession
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("ZINC_CACHE", str(ROOT / ".zinc-cache"))
-GOLDEN = ROOT.parent / "shared" / "golden"
+GOLDEN = ROOT / "fixtures" / "golden"  # llama.cpp's outputs for the bundled models (README.md there)
 
 DEVICES = {
     "cpu": lambda: resolve_device("cpu", "local-sync"),
@@ -55,6 +58,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "vulkan" in item.keywords:
             item.add_marker(skip)
+
+
+@functools.cache
+def golden(name: str) -> dict[str, Any]:
+    """fixtures/golden/NAME.json, read once (callers must not modify it). A missing file is an
+    error, never a skip: the files are part of the repository."""
+    path = GOLDEN / f"{name}.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"golden file {path} is missing (fixtures/golden/README.md: how to make it)")
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
 
 
 def device_params(*names: str) -> list[object]:

@@ -82,23 +82,24 @@ def sha256_bytes(data: bytes) -> str:
 
 def write_artifact(
     directory: Path,
-    manifest: Manifest,
-    vmfb: bytes,
+    module: Callable[[], tuple[Manifest, bytes]],
     extra: dict[str, str] | None = None,
     payload: Callable[[Path], object] | None = None,
 ) -> Path:
     """Write the artifact atomically: into a sibling temp directory, then rename over `directory`.
 
-    `payload(tmp_dir)` writes any further files (the repacked-weight archives) before the rename.
+    `payload(tmp_dir)` writes any further files (the repacked-weight archives) first; `module()`
+    then gives the manifest and the vmfb, so the vmfb may still be compiling while they are written.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        (tmp / manifest.vmfb).write_bytes(vmfb)
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
         if payload is not None:
             payload(tmp)
+        manifest, vmfb = module()
+        (tmp / manifest.vmfb).write_bytes(vmfb)
         (tmp / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
         if directory.exists():
             shutil.rmtree(directory)

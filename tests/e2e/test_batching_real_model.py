@@ -3,7 +3,7 @@
 Eight concurrent streams each give exactly the tokens the same request gives alone; a client that
 disconnects frees its KV pages at once; a follow-up turn with `session_id` reuses the cached
 prefix (`usage.prompt_tokens_details.cached_tokens`) and answers as a fresh computation does, up
-to a step where that fresh run was nearly tied (../shared/golden/README.md's rule).
+to a step where that fresh run was nearly tied (fixtures/golden/README.md's rule).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tier 4 for Gemma 3 270M: greedy tokens equal llama.cpp's (../shared/golden/gemma3.json).
+"""Tier 4 for Gemma 3 270M: greedy tokens equal llama.cpp's (fixtures/golden/gemma3.json).
 
 Same rule as the SmolLM2 golden test (tests/golden/test_golden_smollm2.py): tokens match exactly
 until the first step where llama.cpp's own top-1/top-2 gap is below NEAR_TIE, and a divergence
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SessionFactory, device_params
-from tests.golden.test_golden_smollm2 import golden, run_prompt
+from tests.conftest import SessionFactory, device_params, golden
+from tests.golden.test_golden_smollm2 import run_prompt
 from zinc.errors import GGUFError
 from zinc.model.gguf_file import resolve_model
 

@@ -1,4 +1,4 @@
-"""Tier 4: greedy tokens equal llama.cpp's (../shared/golden/smollm2.json), on CPU and Vulkan.
+"""Tier 4: greedy tokens equal llama.cpp's (fixtures/golden/smollm2.json), on CPU and Vulkan.
 
 llama.cpp quantizes activations to 8 bits for its quantized dot products and keeps the KV cache
 in f16, so its logits differ from an exact f32 computation by up to a few tenths here. Tokens
@@ -10,26 +10,17 @@ generates fewer tokens (VULKAN_TOKENS) with the same rule.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import GOLDEN, SessionFactory, device_params
+from tests.conftest import SessionFactory, device_params, golden
 from zinc.runtime.session import ModelSession
 
 NEAR_TIE = 0.5  # logits; the largest gap at which zinc (exact) and llama.cpp (q8 activations) may disagree
 TOP1_TOL = 0.5  # first-step top logits, zinc vs llama.cpp (observed up to 0.33 on the code prompt)
 VULKAN_TOKENS = 6
-
-
-def golden(name: str) -> dict[str, Any]:
-    path = GOLDEN / f"{name}.json"
-    if not path.exists():
-        pytest.skip(f"golden file {path} not found")
-    data: dict[str, Any] = json.loads(path.read_text())
-    return data
 
 
 def check_tokens(ours: list[int], prompt: dict[str, Any]) -> int:

