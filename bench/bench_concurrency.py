@@ -1,14 +1,16 @@
 """Concurrent streams: zinc's continuous batching beside llama.cpp's server, same model, same run.
 
-Usage: .venv/bin/python bench/bench_concurrency.py [--runs R] [--tokens N] [--out FILE.md]
-(llama.cpp's server needs `pip install 'llama-cpp-python[server]'` or fastapi, uvicorn,
+Usage: .venv/bin/python bench/bench_concurrency.py [--runs R] [--tokens N] [--model GGUF]
+       [--llama-server BIN] [--out FILE.md]
+(llama.cpp's Python server needs `pip install 'llama-cpp-python[server]'` or fastapi, uvicorn,
 sse-starlette, starlette-context and pydantic-settings next to llama-cpp-python; the benchmark
 only, never CI.)
 
 Starts `zinc serve --parallel 8` and then `python -m llama_cpp.server` (2 threads,
-`--interrupt_requests false`: by default it ends a running stream when another request comes) as
-subprocesses on loopback, each with the bundled SmolLM2 Q4_1, and measures with streaming
-`/v1/completions` requests (greedy; raw sockets, all read by one thread):
+`--interrupt_requests false`: by default it ends a running stream when another request comes), or
+with --llama-server llama.cpp's own `llama-server -np 8 -t 2` (loopback.llama_server_argv), as
+subprocesses on loopback, each with the bundled SmolLM2 Q4_1 (or --model), and measures with
+streaming `/v1/completions` requests (greedy; raw sockets, all read by one thread):
 1. one stream: decode tokens/s (first to last token), aggregate tokens/s (all its tokens / the
    time from sending the request to its last token) and time to first token;
 2. 4 and 8 concurrent streams: aggregate tokens/s (all tokens / wall time from the first request
@@ -32,7 +34,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from loopback import Server, completion, completion_body, free_port, request, say, streams
+from loopback import (
+    CONTEXT,
+    THREADS,
+    Server,
+    completion,
+    completion_body,
+    free_port,
+    llama_server_argv,
+    request,
+    say,
+    streams,
+    zinc_argv,
+)
 
 from zinc.model.gguf_file import default_model_path
 
@@ -145,7 +159,8 @@ def measure(server: Server, runs: int, tokens: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in rows.items()}
 
 
-def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) -> str:
+def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int, model: str, llama: str) -> str:
+    """The markdown section; `llama` is "python" (llama-cpp-python's server) or "server" (llama-server)."""
     def row(label: str, key: str, fmt: str, target: str = "") -> str:
         def cell(d: dict[str, float]) -> str:  # prompt_tokens 0: the server sent no usage in its stream
             return "n/a" if key == "follow_prompt" and not d[key] else f"{d[key]:{fmt}}"
@@ -161,9 +176,11 @@ def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) ->
     lines = [
         "## Concurrent streams (continuous batching)",
         "",
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; SmolLM2-135M Q4_1, greedy, streaming "
-        f"`/v1/completions` of {tokens} tokens; zinc `serve --parallel 8` and llama-cpp-python's server "
-        f"(`n_threads` 2) one after the other in the same run, medians of {runs} runs.",
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores; {model}, greedy, streaming "
+        f"`/v1/completions` of {tokens} tokens; zinc `serve --parallel 8` and "
+        + ("llama-cpp-python's server (`n_threads` 2)" if llama == "python" else
+           f"llama.cpp's `llama-server -np 8 -t 2` ({CONTEXT} tokens a slot)")
+        + f" one after the other in the same run, medians of {runs} runs.",
         "",
         "| | zinc | llama.cpp server | target |",
         "|---|---:|---:|---|",
@@ -187,12 +204,18 @@ def report(z: dict[str, float], ll: dict[str, float], runs: int, tokens: int) ->
         row("prompt tokens reused (`cached_tokens`)", "follow_cached", ".0f"),
         row(f"streams of 1 + 4 + 8 that ended before {tokens} tokens", "short", ".0f", "0"),
         "",
-        "llama.cpp's Python server decodes one request at a time (the others wait in its queue; it runs with "
-        "`--interrupt_requests false`, as its default ends a stream as soon as another request arrives) and its "
-        "single slot reuses only the longest common prefix with the previous prompt (its follow-up row is the "
-        "follow-up sent right after the first turn, without a session). zinc decodes every stream in one "
-        "batched step, keeps whole pages of earlier prompts in its prefix cache and pins a session's pages "
-        "between turns.",
+        (
+            "llama.cpp's Python server decodes one request at a time (the others wait in its queue; it runs with "
+            "`--interrupt_requests false`, as its default ends a stream as soon as another request arrives) and "
+            "its single slot reuses only the longest common prefix with the previous prompt (its follow-up row is "
+            "the follow-up sent right after the first turn, without a session)."
+            if llama == "python"
+            else "llama-server decodes its 8 slots' streams in one batch too, and sends a request to the slot whose "
+            "cached prompt is most like its own, which reuses their common prefix (it has no sessions: its "
+            "follow-up row is the follow-up sent right after the first turn)."
+        )
+        + " zinc decodes every stream in one batched step, keeps whole pages of earlier prompts in its prefix "
+        "cache and pins a session's pages between turns.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -201,29 +224,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=5)  # 2 cores: these figures move by a third from minute to minute
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--model", type=Path, help="GGUF for both servers (default: the bundled SmolLM2)")
+    ap.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary, in place of llama-cpp-python")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    model = default_model_path()
-    venv = Path(sys.executable).parent
+    model = args.model or default_model_path()
     results = {}
     port = free_port()
-    zinc = Server("zinc", [str(venv / "zinc"), "serve", "-m", str(model), "--port", str(port), "--parallel", "8",
-                         "--threads", "2"],
-                  port, "/health")  # fmt: skip
-    try:
+    with Server("zinc", zinc_argv(model, port), port, "/health") as zinc:
         results["zinc"] = measure(zinc, args.runs, args.tokens)
-    finally:
-        zinc.stop()
     port = free_port()
-    llama = Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--n_threads", "2",
-                                 "--n_threads_batch", "2", "--n_ctx", "4096", "--port", str(port),
-                                 "--interrupt_requests", "false"],
-                   port, "/v1/models")  # fmt: skip
-    try:
+    if args.llama_server:
+        llama = Server("llama-server", llama_server_argv(args.llama_server, model, port), port, "/health")
+    else:
+        llama = Server("llama.cpp", [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--n_threads",
+                                     str(THREADS), "--n_threads_batch", str(THREADS), "--n_ctx", "4096", "--port",
+                                     str(port), "--interrupt_requests", "false"],
+                       port, "/v1/models")  # fmt: skip
+    with llama:
         results["llama"] = measure(llama, args.runs, args.tokens)
-    finally:
-        llama.stop()
-    text = report(results["zinc"], results["llama"], args.runs, args.tokens)
+    kind = "server" if args.llama_server else "python"
+    text = report(results["zinc"], results["llama"], args.runs, args.tokens, model.name, kind)
     print(text)
     if args.out:
         args.out.write_text(text)

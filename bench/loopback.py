@@ -3,24 +3,30 @@
 `Server` runs one as a subprocess until it answers; `streams` sends streaming OpenAI requests
 together, each on its own connection, and reads them all with one thread (raw sockets and
 `selectors`), so the client takes as little as it can of the 2 cores the server runs on.
-Used by bench_concurrency.py.
+`zinc_argv` and `llama_server_argv` start zinc and llama.cpp's own server with the same threads
+and slots. Used by bench_concurrency.py and bench_streams.py.
 """
 
 from __future__ import annotations
 
 import http.client
+import os
 import selectors
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 HOST = "127.0.0.1"
+THREADS = 2
+CONTEXT = 2048  # tokens a slot (zinc's --ctx-size)
 START_TIMEOUT_S = 600.0  # zinc may compile on first use
 REQUEST_TIMEOUT_S = 600.0
 
@@ -254,27 +260,73 @@ def completion_body(prompt: str, n: int) -> dict[str, Any]:
 
 
 class Server:
-    def __init__(self, name: str, argv: list[str], port: int, ready: str) -> None:
+    """A server subprocess on loopback, ready once GET `ready` answers 200; its output goes to a
+    temporary file, whose tail a failed start shows. A failed start ends it; so does leaving the
+    `with` block (`stop`: SIGTERM, then SIGKILL after 30 s), whatever was raised in it."""
+
+    def __init__(
+        self, name: str, argv: list[str], port: int, ready: str, env: dict[str, str] | None = None
+    ) -> None:
         self.name, self.port = name, port
         say(f"starting {name}: {' '.join(argv)}")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (closed by stop)
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        try:
+            self._wait(ready)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait(self, ready: str) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited with {self.proc.returncode}")
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
+            conn = http.client.HTTPConnection(HOST, self.port, timeout=5)
             try:
-                conn = http.client.HTTPConnection(HOST, port, timeout=5)
                 conn.request("GET", ready)
                 if conn.getresponse().status == 200:
                     return
             except OSError:
                 pass
+            finally:
+                conn.close()
             time.sleep(0.5)
-        raise RuntimeError(f"{name} did not start")
+        raise RuntimeError(f"{self.name} did not start in {START_TIMEOUT_S:.0f} s:\n{self.tail()}")
+
+    def tail(self, n: int = 2000) -> str:
+        """The last `n` bytes of its output."""
+        size = self.log.seek(0, os.SEEK_END)
+        self.log.seek(max(0, size - n))
+        return self.log.read().decode(errors="replace")
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def zinc_argv(model: Path, port: int, parallel: int = 8, context: int = CONTEXT) -> list[str]:
+    """`zinc serve` with `parallel` slots of `context` tokens each (its KV cache holds them all)."""
+    zinc = Path(sys.executable).parent / "zinc"
+    return [str(zinc), "serve", "-m", str(model), "--host", HOST, "--port", str(port), "--parallel", str(parallel),
+            "--threads", str(THREADS), "--ctx-size", str(context)]  # fmt: skip
+
+
+def llama_server_argv(binary: Path, model: Path, port: int, parallel: int = 8, context: int = CONTEXT) -> list[str]:
+    """llama.cpp's own server as `llama-server -np N` runs, with `parallel` slots of `context` tokens
+    each (its -c is all the slots' together) and no reuse of cached prompt chunks by KV shifting
+    (`--cache-reuse 0`, its default, said)."""
+    return [str(binary), "-m", str(model), "-t", str(THREADS), "-np", str(parallel), "-c", str(parallel * context),
+            "--cache-reuse", "0", "--host", HOST, "--port", str(port)]  # fmt: skip
