@@ -1,14 +1,17 @@
 """zinc vs llama.cpp at the sizes people run: real-shape models (fixtures/real_shapes.py), CPU, 2 threads.
 
 Usage: .venv/bin/python bench/bench_sizes.py [--models llama-3.2-1b,llama-3.1-8b] [--quant Q4_0]
-       [--runs 3] [--llama-bin DIR] [--out docs/PERFORMANCE.md]
+       [--runs 3] [--llama-bin DIR] [--streams 8] [--stream-tokens 64] [--out docs/PERFORMANCE.md]
 
 For each model: zinc's first compile into an empty cache (time, peak memory, artifact size), then
 runs of zinc's engine (bench.py's zinc worker: cold start, prefill of a 512-token prompt, greedy
 decode, peak resident memory) alternating with llama.cpp's own `llama-bench` (`-p 512 -n N -t 2`,
 built from the newest source: `scripts/bench-sizes` builds it; its peak memory from wait4). The
 report gives medians, the ratios, and the decode ceiling: the host's read bandwidth over the bytes
-a token reads (every weight but the embedding table, which a token reads one row of). It replaces
+a token reads (every weight but the embedding table, which a token reads one row of). Then, with
+--streams N (8 by default; 0: none), `zinc serve --parallel N` and llama.cpp's own `llama-server
+-np N` (the same build) one after the other: one stream's and N concurrent streams' aggregate
+tok/s, --runs runs each (bench_streams.py, which says how). It replaces
 the "Sizes" section of the report (above its History) and writes docs/sizes.svg, tok/s against
 model size.
 """
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench.py stays first
+from bench_streams import compare
+
 from bench import THREADS, cpu_info, make_prompts, measure_bandwidth, run_worker, say
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,7 +123,12 @@ def bench_long(name: str, quant: str, runs: int, n_decode: int, llama_bin: Path 
     return out
 
 
-def bench_model(name: str, quant: str, runs: int, n_decode: int, llama_bin: Path | None, bw: float) -> Json:
+def bench_model(
+    name: str, quant: str, runs: int, n_decode: int, llama_bin: Path | None, bw: float, streams: int, stream_tokens: int
+) -> Json:
+    """Compile, then `runs` of zinc's engine alternating with llama-bench; then, with `streams`,
+    `zinc serve` and `llama-server` with that many concurrent streams (bench_streams.compare; zinc
+    reads the artifact compiled here)."""
     from fixtures.real_shapes import ensure_model
 
     gguf = ensure_model(name, quant)
@@ -150,6 +160,13 @@ def bench_model(name: str, quant: str, runs: int, n_decode: int, llama_bin: Path
                 out[kind].append(row)
                 say(f"  run {i + 1} {kind}: prefill {row['prefill']:.1f} tok/s, decode {row['decode']:.2f} tok/s, "
                     f"peak {row['maxrss_mib']:.0f} MiB")  # fmt: skip
+        if streams:
+            server = llama_bin / "llama-server" if llama_bin is not None else None
+            if server is not None and not server.exists():
+                say(f"no llama-server in {llama_bin} (scripts/bench-sizes builds it): streams of zinc only")
+                server = None
+            env = {**env, "ZINC_CACHE": str(tmp / "cache")}
+            out["streams"] = compare(gguf, server, streams, stream_tokens, runs, env=env)
     return out
 
 
@@ -203,8 +220,49 @@ def render(data: Json) -> str:
             f"| prefill of {lg['tokens']} tokens | {f(zp)} | {f(lp)} | {r(zp, lp)} |",
             f"| decode at {lg['tokens']} cached | {f(zd, 2)} | {f(ld, 2)} | {r(zd, ld)} |",
         ]
+    lines += streams_table(data["models"], data["runs"])
     lines += ["", "![decode and prefill tok/s against model size](sizes.svg)", ""]
     return "\n".join(lines)
+
+
+def streams_table(models: list[Json], runs: int) -> list[str]:
+    """Concurrent streams, zinc serve vs llama-server, for the models measured with them."""
+
+    def fmt(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    def ratio(a: float | None, b: float | None) -> str:
+        return "-" if not a or not b else f"{a / b:.2f}x"
+
+    rows = [m for m in models if m.get("streams")]
+    if not rows:
+        return []
+    st = rows[0]["streams"]
+    n, tokens, context = st["streams"], st["tokens"], st["context"]
+    lines = [
+        "",
+        f"Concurrent streams: `zinc serve --parallel {n}` and llama.cpp's own `llama-server -np {n}` (the same "
+        f"build, `-c` {n} x {context}, `--cache-reuse 0`), {THREADS} threads each, {context} tokens a slot, one "
+        f"after the other (zinc first), medians of {runs} runs. Streaming greedy `/v1/completions` of {tokens} "
+        "tokens, each prompt led by a number of its own (no cached prefix to reuse); llama-server is sent "
+        "`ignore_eos` (zinc has no such field: a stream it ends early counts its fewer tokens, and shows under "
+        f"short). Aggregate tok/s: all the streams' tokens over the time from the first request sent to the last "
+        f"token (prompts included; one stream the same way). Target: {n} streams' aggregate at least 2x llama-server's.",
+        "",
+        f"| model | 1 stream tok/s zinc | llama-server | ratio | {n} streams aggregate tok/s zinc | llama-server | "
+        f"ratio | {n} streams / 1 zinc | llama-server | worst TTFT s zinc | llama-server | short zinc / llama |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]  # fmt: skip
+    for m in rows:
+        z, ll = m["streams"]["zinc"], m["streams"]["llama"]
+        zo, lo, za, la = med(z, "one"), med(ll, "one"), med(z, "agg"), med(ll, "agg")
+        short = f"{sum(r['short'] for r in z)} / {sum(r['short'] for r in ll) if ll else '-'}"
+        lines.append(
+            f"| {m['model']} {m['quant']} | {fmt(zo)} | {fmt(lo)} | {ratio(zo, lo)} | {fmt(za)} | {fmt(la)} | "
+            f"{ratio(za, la)} | {ratio(za, zo)} | {ratio(la, lo)} | {fmt(med(z, 'ttft'))} | {fmt(med(ll, 'ttft'))} | "
+            f"{short} |"
+        )
+    return lines
 
 
 def svg(data: Json) -> str:
@@ -284,6 +342,8 @@ def main() -> int:
         "--long-model", default="llama-3.2-1b", help="the model of the long-context run ('' for none)"
     )
     ap.add_argument("--long-tokens", type=int, default=4096)
+    ap.add_argument("--streams", type=int, default=8, help="concurrent streams, zinc serve vs llama-server (0: none)")
+    ap.add_argument("--stream-tokens", type=int, default=64, help="tokens each of those streams asks for")
     ap.add_argument("--worker", choices=["long"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "PERFORMANCE.md")
@@ -298,7 +358,7 @@ def main() -> int:
         llama_bin = None
     bw = measure_bandwidth()[f"gbps_{THREADS}t"] * 1e9
     models = [
-        bench_model(m, args.quant, args.runs, args.decode_tokens, llama_bin, bw)
+        bench_model(m, args.quant, args.runs, args.decode_tokens, llama_bin, bw, args.streams, args.stream_tokens)
         for m in args.models.split(",")
     ]
     long = (
