@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import golden
-from tests.unit._models import GEMMA3_MISSING, gemma3_path, read_metadata, smollm2_path, tokenizer_for
+from tests.unit._models import GEMMA3_MISSING, gemma3_path, read_metadata, tokenizer_for
 from zinc.errors import GGUFError, InvalidRequestError, UnsupportedModelError
 from zinc.tokenizer import Tokenizer
 from zinc.tokenizer.special import SpecialSplitter
@@ -129,86 +129,41 @@ def test_smollm2_drops_bytes_it_has_no_token_for_like_llama_cpp() -> None:
     assert tok.encode("\U00040000") == [tok.token_id(BYTE_TO_UNICODE[0x80])] * 3
 
 
-@pytest.fixture(scope="module")
-def llama_cpp_vocab(model: tuple[str, Tokenizer]) -> Any:
-    """llama.cpp itself (llama-cpp-python, vocabulary only), when installed, as the reference."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    path = smollm2_path() if model[0] == "smollm2" else gemma3_path()
-    return llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+# llama.cpp's own tokenization and pieces, recorded by fixtures/make_golden.py in each golden
+# file (its `tokenize_checks` and `piece_checks`; their `source` says how they were made:
+# fixtures/golden/README.md). Each variant is (add_special, parse_special).
+RECORDED_VARIANTS = {
+    "ids": {},
+    "ids_no_special_added": {"add_special": False},
+    "ids_parse_special": {"parse_special": True},
+    "ids_no_special_added_parse_special": {"add_special": False, "parse_special": True},
+}
 
 
-# llama.cpp's character tables predate Unicode 16; Oniguruma (inside `tokenizers`) knows its new
-# letters and digits, so byte-level BPE splits text differently around exactly these characters
-# (found by comparing every code point with llama.cpp). They are left out of the comparison.
-UNICODE16_NEW = (
-    (0x1C89, 0x1C8A),
-    (0xA7CB, 0xA7CD),
-    (0xA7DA, 0xA7DC),
-    (0x105C0, 0x105F3),
-    (0x10D40, 0x10D65),
-    (0x10D6F, 0x10D85),
-    (0x10EC2, 0x10EC4),
-    (0x11380, 0x113D3),
-    (0x116D0, 0x116E3),
-    (0x11BC0, 0x11BF9),
-    (0x13460, 0x143FA),
-    (0x16100, 0x16139),
-    (0x16D40, 0x16D79),
-    (0x18CFF, 0x18CFF),
-    (0x1CCF0, 0x1CCF9),
-    (0x1E5D0, 0x1E5FA),
-)
-ASSIGNED = st.characters(codec="utf-8").filter(lambda c: not any(a <= ord(c) <= b for a, b in UNICODE16_NEW))
-MARKERS = [
-    "<|im_start|>",
-    "<|im_end|>",
-    "<start_of_turn>",
-    "<end_of_turn>",
-    "<s>",
-    "</s>",
-    "<bos>",
-    "<eos>",
-    "<unused7>",
-    "<b>",
-    "\n\n",
-    "   ",
-    "'s",
-    "'LL",
-    "1234",
-    "\U00040000",
-    "▁",
-]
+@pytest.mark.golden
+def test_matches_llama_cpp_on_recorded_text(model: tuple[str, Tokenizer]) -> None:
+    name, tok = model
+    cases = golden(name)["tokenize_checks"]["cases"]
+    assert cases
+    for case in cases:
+        assert {"ids", "ids_no_special_added", "ids_parse_special"} <= case.keys(), case["text"]
+        for key, kwargs in RECORDED_VARIANTS.items():
+            if key in case:  # the fourth variant is absent where the section was derived (`source`)
+                assert tok.encode(case["text"], **kwargs) == case[key], (key, case["text"])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    text=st.lists(
-        st.one_of(ASSIGNED, st.sampled_from(MARKERS), st.sampled_from(list(" \n\tab.-'"))), max_size=40
-    ).map("".join),
-    add_special=st.booleans(),
-    parse_special=st.booleans(),
-)
-def test_matches_llama_cpp_on_generated_text(
-    model: tuple[str, Tokenizer], llama_cpp_vocab: Any, text: str, add_special: bool, parse_special: bool
-) -> None:
-    _, tok = model
-    expected = llama_cpp_vocab.tokenize(text.encode(), add_bos=add_special, special=parse_special)
-    assert tok.encode(text, add_special=add_special, parse_special=parse_special) == expected
-
-
-def test_pieces_and_eog_match_llama_cpp(model: tuple[str, Tokenizer], llama_cpp_vocab: Any) -> None:
-    import ctypes
-
-    import llama_cpp
-
-    _, tok = model
-    vocab = llama_cpp.llama_model_get_vocab(llama_cpp_vocab.model)
-    buf = (ctypes.c_char * 4096)()
-    for i in (i for i in range(tok.vocab_size) if i < 600 or i % 97 == 0 or tok.is_special(i)):
-        for special in (False, True):
-            n = llama_cpp.llama_token_to_piece(vocab, i, buf, len(buf), 0, special)
-            assert tok.piece(i, skip_special=not special) == buf.raw[:n], (i, special)
-        assert tok.is_eog(i) == llama_cpp.llama_vocab_is_eog(vocab, i)
+@pytest.mark.golden
+def test_pieces_and_eog_match_llama_cpp(model: tuple[str, Tokenizer]) -> None:
+    name, tok = model
+    data = golden(name)
+    checks = data["piece_checks"]
+    assert checks["ids"]
+    for i, piece in zip(checks["ids"], checks["pieces_special_hex"], strict=True):
+        assert tok.piece(i, skip_special=False).hex() == piece, i
+    if checks["pieces_hex"] is not None:  # null where the section was derived (`source`)
+        for i, piece in zip(checks["ids"], checks["pieces_hex"], strict=True):
+            assert tok.piece(i).hex() == piece, i
+    assert [i for i in range(tok.vocab_size) if tok.is_eog(i)] == data["vocab"]["eog_tokens"]
 
 
 def test_special_tokens_are_parsed_only_when_asked(model: tuple[str, Tokenizer]) -> None:
