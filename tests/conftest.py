@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from zinc.runtime.session import ModelSession
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("ZINC_CACHE", str(ROOT / ".zinc-cache"))
+NO_VULKAN = "no Vulkan device (install mesa-vulkan-drivers libvulkan1 for lavapipe)"
 GOLDEN = ROOT / "fixtures" / "golden"  # llama.cpp's outputs for the bundled models (README.md there)
 
 DEVICES = {
@@ -52,12 +53,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier:
             config.hook.pytest_deselected(items=tier)
             items[:] = [item for item in items if not item.get_closest_marker("sizes")]
-    if vulkan_devices():
+
+
+def vulkan_verdict(devices: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """What becomes of a `vulkan` test: None (it runs), ("skip", why) or ("fail", why). Without a
+    Vulkan device (no driver, or one that fails to load) it is skipped, unless ZINC_REQUIRE_VULKAN=1
+    (set by .ci/run), which makes it fail: CI must not pass with its Vulkan tests quietly skipped."""
+    if devices:
+        return None
+    if environ.get("ZINC_REQUIRE_VULKAN") == "1":
+        return "fail", f"{NO_VULKAN}, and ZINC_REQUIRE_VULKAN=1 requires one"
+    return "skip", NO_VULKAN
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "vulkan" not in item.keywords:
         return
-    skip = pytest.mark.skip(reason="no Vulkan device (install mesa-vulkan-drivers libvulkan1 for lavapipe)")
-    for item in items:
-        if "vulkan" in item.keywords:
-            item.add_marker(skip)
+    verdict = vulkan_verdict(vulkan_devices(), os.environ)
+    if verdict is None:
+        return
+    kind, why = verdict
+    if kind == "fail":
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why)
 
 
 @functools.cache
