@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -160,6 +161,8 @@ class ServeOptions:
     threads: int | None = None  # local-task worker threads (None: the physical cores)
     max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for a slot; past them, 429 at once
     prefill_chunk: int | None = None  # prompt tokens per scheduler iteration (None: 128 CPU, 8 Vulkan)
+    write_timeout: float = 30.0  # seconds a client may read nothing of a response before it is dropped
+    max_connections: int = 1024  # open connections; past them a new one gets 503 and is closed
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
@@ -172,6 +175,10 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         fail(f"--max-queue must be at least 0, got {o.max_queue}")
     if o.prefill_chunk is not None and o.prefill_chunk < 1:
         fail(f"--prefill-chunk must be at least 1, got {o.prefill_chunk}")
+    if not 0 < o.write_timeout < math.inf:
+        fail(f"--write-timeout must be a positive number of seconds, got {o.write_timeout}")
+    if o.max_connections < 1:
+        fail(f"--max-connections must be at least 1, got {o.max_connections}")
     if o.kv_tokens is not None and o.kv_tokens < o.context:
         fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
     spec = resolve_device(o.device, o.cpu_driver, o.threads)
@@ -186,8 +193,9 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     manager = EngineManager(loader=loader, registry=catalog)
     api_key = o.api_key or os.environ.get("ZINC_API_KEY")
     config = ServerConfig(
-        host=o.host, port=o.port, parallel=o.parallel, max_queued_requests=o.max_queue, api_key=api_key
-    )
+        host=o.host, port=o.port, parallel=o.parallel, max_queued_requests=o.max_queue, api_key=api_key,
+        write_timeout_s=o.write_timeout, max_connections=o.max_connections,
+    )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
     url = f"http://{o.host}:{o.port}"
     where = f"chat UI at {url}/ (API at {url}/v1)" if chat_ui else f"{url}/v1"
@@ -216,6 +224,20 @@ PrefillChunkOpt = Annotated[
         "(default: 128 on the CPU, 8 on Vulkan); smaller: shorter stalls behind a long prompt",
     ),
 ]
+WriteTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--write-timeout",
+        help="Seconds a client may read nothing of a response (e.g. a stream) before it is dropped "
+        "and its generation cancelled",
+    ),
+]
+MaxConnectionsOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-connections", help="Open connections at most; past them a new one gets 503 and is closed"
+    ),
+]
 
 
 @app.command("serve")
@@ -238,12 +260,14 @@ def serve_cmd(
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
     threads: ThreadsOpt = None,
+    write_timeout: WriteTimeoutOpt = 30.0,
+    max_connections: MaxConnectionsOpt = 1024,
 ) -> None:
     """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
     run_server(
         ServeOptions(
             model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
-            prefill_chunk,
+            prefill_chunk, write_timeout, max_connections,
         )
     )
 
@@ -269,6 +293,8 @@ def chat_cmd(
     cpu_driver: CpuDriverOpt = "local-task",
     threads: ThreadsOpt = None,
     open_browser: Annotated[bool, typer.Option("--open", help="Open the chat page in a browser")] = False,
+    write_timeout: WriteTimeoutOpt = 30.0,
+    max_connections: MaxConnectionsOpt = 1024,
 ) -> None:
     """Serve the built-in chat UI (port 9090 by default) together with the API."""
     if open_browser:
@@ -277,7 +303,7 @@ def chat_cmd(
         timer.start()
     options = ServeOptions(
         model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
-        prefill_chunk,
+        prefill_chunk, write_timeout, max_connections,
     )
     run_server(options, chat_ui=True)
 

@@ -33,6 +33,8 @@ class ServerConfig:
     max_body_bytes: int = 16 * MIB  # declared or received body larger than this: 413
     request_timeout_s: float = 30.0  # a request not received in full by then: 408
     keep_alive_timeout_s: float = 15.0  # an idle keep-alive connection is closed after this
+    write_timeout_s: float = 30.0  # a client that reads nothing of a response for this long is dropped
+    max_connections: int = 1024  # open connections; past them a new one gets 503 and is closed
     graceful_shutdown_timeout_s: float = 10.0  # streams still running after this are cancelled
     body_high_water_bytes: int = 64 * KIB  # unread request body past this pauses reading
 
@@ -41,13 +43,15 @@ class ServerConfig:
             raise ValueError(f"port must be within 0..65535, got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must be None (no authentication) or a non-empty string")
-        for name in ("parallel", "max_header_bytes", "max_body_bytes", "body_high_water_bytes"):
+        limits = ("parallel", "max_header_bytes", "max_body_bytes", "body_high_water_bytes", "max_connections")
+        for name in limits:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
-        for name in ("request_timeout_s", "keep_alive_timeout_s", "graceful_shutdown_timeout_s"):
+        timeouts = ("request_timeout_s", "keep_alive_timeout_s", "write_timeout_s", "graceful_shutdown_timeout_s")
+        for name in timeouts:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")

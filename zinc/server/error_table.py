@@ -1,7 +1,7 @@
 """The one place where a failure becomes an HTTP status and an OpenAI error envelope.
 
-Owns: the HTTP-level failures the server raises itself (404, 405, 408, 413, 431, 503, 500, and a
-malformed request's 400) as `ZincError` subclasses, and `describe()`, which maps any exception to
+Owns: the HTTP-level failures the server raises itself (404, 405, 408, 413, 431, 503, 505, 500,
+and a malformed request's 400) as `ZincError` subclasses, and `describe()`, which maps any exception to
 `(status, envelope)`. Every `ZincError` carries its status, OpenAI `type` and `code` as class
 attributes (see zinc.errors); together with the classes below they form the status table:
 
@@ -15,6 +15,7 @@ attributes (see zinc.errors); together with the classes below they form the stat
     429 rate_limit_error        QueueFullError
     431 invalid_request_error   HeadersTooLargeError
     503 server_error            ServiceUnavailableError, DeviceError
+    505 invalid_request_error   HttpVersionNotSupportedError
     500 server_error            any other exception: a generic message, never a traceback
 
 Imports: zinc.errors, orjson, the stdlib.
@@ -77,6 +78,14 @@ class ServiceUnavailableError(ZincError):
     status = 503
     error_type = "server_error"
     code = "service_unavailable"
+
+
+class HttpVersionNotSupportedError(ZincError):
+    """A request line of another HTTP version than 1.x (an HTTP/2 preface, HTTP/0.9)."""
+
+    status = 505
+    error_type = "invalid_request_error"
+    code = "http_version_not_supported"
 
 
 def envelope(message: str, error_type: str, code: str | None, param: str | None = None) -> dict[str, Any]:

@@ -9,7 +9,16 @@ streams of one decode step go out back to back; a chunked response's body chunks
 h11's head and last chunk around them) and write back-pressure (`drain()` waits while the
 transport is write-paused), and disconnects: `connection_lost` cancels the handler task, which
 is how a client that goes away aborts its generation. There is no read timeout while a response
-is being produced. Each request is handed to a `Handler` coroutine with an `Exchange`.
+is being produced, but a client that stops reading one (the transport stays write-paused with no
+byte taken for `write_timeout_s`; looked at each time that passes, so the drop comes one to two of
+them after the last byte taken) is dropped, which cancels its handler the same way. Past
+`max_connections` open connections a new one is answered 503 with `Retry-After` at once, without
+reading its request, and closed. Each request is handed to a `Handler` coroutine with an `Exchange`.
+Strict framing (request smuggling): besides what h11 rejects, a request head with a bare CR or LF,
+obs-fold or a control character, Content-Length together with Transfer-Encoding, a chunk size
+that does not fit in 64 bits, and request trailer fields are answered 400 and the connection
+closed; chunk extensions are ignored (RFC 9112 7.1.1). An HTTP version other than 1.x (an HTTP/2
+preface, `HTTP/0.9`) gets 505.
 Policy: a response that ends before the body was read drains the rest of the body (or closes, if
 the client still waits for 100-continue); EOF from the client counts as a disconnect.
 Imports: h11, asyncio, the stdlib, zinc.server.{config, error_table, exchange}.
@@ -20,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import cast
@@ -30,8 +40,10 @@ from zinc.server.config import ServerConfig
 from zinc.server.error_table import (
     BadHttpRequestError,
     HeadersTooLargeError,
+    HttpVersionNotSupportedError,
     PayloadTooLargeError,
     RequestTimeoutError,
+    ServiceUnavailableError,
     error_json,
 )
 from zinc.server.exchange import Exchange, Headers, HttpRequest
@@ -43,6 +55,12 @@ log = logging.getLogger("zinc.server")
 
 _READ_PAUSED_FOR_PIPELINE = "pipeline"
 _READ_PAUSED_FOR_BODY = "body"
+_REFUSED_LINGER_S = 1.0  # a refused connection reads and drops its request this long, then closes
+_MAX_CHUNK_SIZE = 2**64 - 1  # a chunk size past this overflows other parsers' integers: 400
+_HEAD_END = re.compile(rb"\n\r?\n")  # where h11 ends a request head (it accepts bare LF)
+# In a request head: a control character, a bare CR, a bare LF, or obs-fold (a line that starts
+# with whitespace). h11 unfolds obs-fold, accepts bare LF and lets \x01-\x1f and \x7f through.
+_BAD_HEAD = re.compile(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]|\r(?!\n)|(?<!\r)\n|\n[ \t]")
 
 
 class HttpProtocol(asyncio.Protocol):
@@ -66,11 +84,15 @@ class HttpProtocol(asyncio.Protocol):
         self._keep_alive = True  # False once shutting down: finish this response, then close
         self._closing = False
         self._closed_by_us = False
+        self._dropped_as = "cancelled"  # the access log's word for a response we cut off
         self._read_paused: set[str] = set()
         self._writable = asyncio.Event()
         self._writable.set()
         self._idle_timer: asyncio.TimerHandle | None = None
         self._request_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._write_backlog = 0  # bytes the transport held when the write timer was last armed
+        self._head_checked = False  # the request head in h11's buffer passed `_check_head`
         self._out: list[bytes] = []  # bytes for the transport, written at the loop's next turn
         self._chunked = False  # the response in progress is in chunked transfer-coding (h11 chose it)
 
@@ -79,6 +101,9 @@ class HttpProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         if self._registry is not None:
+            if len(self._registry) >= self._config.max_connections:
+                self._refuse()
+                return
             self._registry.add(self)
         self._start_idle_timer()
 
@@ -98,19 +123,22 @@ class HttpProtocol(asyncio.Protocol):
         self._closing = True
         self._cancel_idle_timer()
         self._cancel_request_timer()
+        self._cancel_write_timer()
         self._writable.set()  # wake a writer waiting for drain; its task is cancelled below
         if self._registry is not None:
             self._registry.discard(self)
         exchange, self._exchange = self._exchange, None
         if exchange is not None and not exchange.response_complete:
-            self._log(exchange, "cancelled" if self._closed_by_us else "client-disconnected")
+            self._log(exchange, self._dropped_as if self._closed_by_us else "client-disconnected")
         if exchange is not None and exchange.task is not None and not exchange.task.done():
             exchange.task.cancel()
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        self._arm_write_timer()
 
     def resume_writing(self) -> None:
+        self._cancel_write_timer()
         self._writable.set()
 
     # ---- server control (graceful shutdown)
@@ -136,6 +164,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def _handle_events(self) -> None:
         while not self._closing:
+            if not self._head_checked and self._conn.their_state is h11.IDLE and not self._check_head():
+                return
             try:
                 event = self._conn.next_event()
             except h11.RemoteProtocolError as exc:
@@ -146,6 +176,12 @@ class HttpProtocol(asyncio.Protocol):
                 )
                 self._reject(error)
                 return
+            if self._conn.their_state is h11.SEND_BODY:
+                # a chunk's size is checked at its first event: NEED_DATA, or Data with its start
+                chunk = _chunk_left(self._conn) + (len(event.data) if isinstance(event, h11.Data) else 0)
+                if chunk > _MAX_CHUNK_SIZE:
+                    self._reject(BadHttpRequestError("Malformed HTTP request: chunk size overflows."))
+                    return
             if event is h11.NEED_DATA:
                 return
             if event is h11.PAUSED:
@@ -156,6 +192,9 @@ class HttpProtocol(asyncio.Protocol):
             elif isinstance(event, h11.Data):
                 self._on_body(event.data)
             elif isinstance(event, h11.EndOfMessage):
+                if event.headers:
+                    self._reject(BadHttpRequestError("Request trailer fields are not accepted."))
+                    return
                 self._on_body_end()
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
@@ -170,6 +209,13 @@ class HttpProtocol(asyncio.Protocol):
         )
         exchange = Exchange(self, request)
         self._exchange = exchange
+        if not event.http_version.startswith(b"1."):
+            message = f"HTTP/{request.http_version} is not supported; this server speaks HTTP/1.1."
+            self._reject(HttpVersionNotSupportedError(message))
+            return
+        if request.header("transfer-encoding") is not None and request.header("content-length") is not None:
+            self._reject(BadHttpRequestError("Content-Length together with Transfer-Encoding."))
+            return
         head_size = len(event.method) + len(event.target) + sum(len(k) + len(v) + 4 for k, v in headers)
         if head_size > self._config.max_header_bytes:
             self._reject(HeadersTooLargeError("Request headers are too large."))
@@ -321,9 +367,54 @@ class HttpProtocol(asyncio.Protocol):
                 access_log.info("- - %d (%s)", status, type(error).__name__)
         self._close()
 
+    def _check_head(self) -> bool:
+        """Reject the request head waiting in h11's buffer if its framing is unsafe; True if fine.
+
+        Runs once per request, when the head is complete (before that, h11 waits for more)."""
+        buffered = self._conn.trailing_data[0]
+        end = _HEAD_END.search(buffered)
+        if end is None:
+            return True
+        self._head_checked = True
+        bad = _BAD_HEAD.search(buffered, 0, end.end())
+        if bad is None:
+            return True
+        found = bad.group()
+        if found.startswith(b"\n") and len(found) == 2:
+            reason = "obsolete line folding"
+        elif found in (b"\r", b"\n"):
+            reason = "a line not ended by CRLF"
+        else:
+            reason = "a control character"
+        self._reject(BadHttpRequestError(f"Malformed HTTP request: {reason} in the request head."))
+        return False
+
+    def _refuse(self) -> None:
+        """Past `max_connections`: answer 503 without reading the request, then close.
+
+        The write side is shut after the answer and what the client sends is read and dropped
+        until it closes (at most `_REFUSED_LINGER_S`), so the answer is not lost to a reset."""
+        assert self._transport is not None
+        self._closing = True
+        status, body = error_json(ServiceUnavailableError("Too many open connections; retry later."))
+        headers = [
+            *self._common_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", b"1"),
+            (b"connection", b"close"),
+        ]
+        head = self._conn.send(h11.Response(status_code=status, headers=headers, reason=_reason(status)))
+        self._transport.write((head or b"") + body)
+        if self._transport.can_write_eof():
+            self._transport.write_eof()
+        self._idle_timer = self._loop.call_later(_REFUSED_LINGER_S, self._transport.close)
+        access_log.info("- - %d (too many connections: %d)", status, self._config.max_connections)
+
     def _next_cycle(self) -> None:
         self._cancel_request_timer()
         self._exchange = None
+        self._head_checked = False
         try:
             self._conn.start_next_cycle()
         except h11.LocalProtocolError:
@@ -375,6 +466,39 @@ class HttpProtocol(asyncio.Protocol):
             self._request_timer.cancel()
             self._request_timer = None
 
+    def _arm_write_timer(self) -> None:
+        self._cancel_write_timer()
+        if self._transport is not None:
+            self._write_backlog = self._backlog()
+            self._write_timer = self._loop.call_later(self._config.write_timeout_s, self._on_write_timeout)
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _backlog(self) -> int:
+        """Bytes written to the transport that the client has not taken yet."""
+        try:
+            return self._transport.get_write_buffer_size() if self._transport is not None else 0
+        except NotImplementedError:  # a transport that does not count them (the unit tests' mock)
+            return 0
+
+    def _on_write_timeout(self) -> None:
+        """Still write-paused: if the client took some bytes meanwhile, wait again; else drop it."""
+        self._write_timer = None
+        if self._transport is None or self._writable.is_set():
+            return
+        if self._backlog() < self._write_backlog:
+            self._arm_write_timer()  # progress, however slow
+            return
+        log.warning("client took no byte for %.1f s; dropping the connection", self._config.write_timeout_s)
+        self._dropped_as = "write-timeout"
+        self._closing = self._closed_by_us = True
+        self._cancel_idle_timer()
+        self._cancel_request_timer()
+        self._transport.abort()  # close() would wait for the buffer to drain, which never happens
+
     def _on_request_timeout(self) -> None:
         self._request_timer = None
         self._reject(RequestTimeoutError("The request was not received in full in time."))
@@ -384,6 +508,13 @@ class HttpProtocol(asyncio.Protocol):
         tokens = "" if exchange.usage is None else " tokens={}+{}".format(*exchange.usage)
         request = exchange.request
         access_log.info("%s %s %s %.1fms%s", request.method, request.path, status, ms, tokens)
+
+
+def _chunk_left(conn: h11.Connection) -> int:
+    """Bytes h11 still expects in the chunk it is reading (0 outside a chunked body). h11 does
+    not publish the chunk size it parsed, so this reads its reader's state; a test pins it."""
+    left = getattr(getattr(conn, "_reader", None), "_bytes_in_chunk", 0)
+    return left if isinstance(left, int) else 0
 
 
 def _reason(status: int) -> bytes:
