@@ -7,7 +7,8 @@ matches, never emitting the stop text), serializes generations behind a lock lik
 engine does before batching, and records everything tests want to check: requests, template
 calls, aborts and completions. With `script`, it generates that text instead (cut into pieces of
 `script_piece` characters, one per token, so tags split across tokens) and stops ("stop") when the
-script ends. When a request asks for logprobs, each token carries made-up but deterministic ones
+script ends. A stop sequence that ends a generation is named in its last event's `stop_sequence`.
+When a request asks for logprobs, each token carries made-up but deterministic ones
 (token i: logprob -0.25 * (i % 4), alternatives below it). A request with a `session_id` keeps
 its prompt until `release_session`; the next request of that session reports the prompt prefix it
 shares with it (at most all but one token) as `usage.cached_tokens`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from zinc.engine.types import (
@@ -171,9 +173,11 @@ class FakeEngine:
             index = (n - 1) % len(VOCAB)
             text += pieces[n - 1] if pieces is not None else VOCAB[index]
             logprobs = _fake_logprobs(n - 1, pieces[n - 1] if pieces else VOCAB[index], request.logprobs)
-            hit = min((text.find(s, sent) for s in request.stop if text.find(s, sent) >= 0), default=-1)
-            if hit >= 0:
-                yield self._final(text[sent:hit], index, "stop", request, n, logprobs, cached)
+            hits = [(i, s) for s in request.stop if (i := text.find(s, sent)) >= 0]
+            if hits:
+                hit, stop = min(hits, key=lambda h: h[0])
+                final = self._final(text[sent:hit], index, "stop", request, n, logprobs, cached)
+                yield replace(final, stop_sequence=stop)
                 return
             safe = len(text) - _held_back(text, request.stop)
             if pieces is not None and n == len(pieces):

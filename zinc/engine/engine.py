@@ -169,7 +169,8 @@ class LocalEngine:
                     break
             tail = stops.feed(decoder.flush()) if not stops.stopped else ""
             tail += stops.flush()
-            yield TextDelta(tail, (), finish, Usage(len(request.prompt_ids), generated, cached))
+            usage = Usage(len(request.prompt_ids), generated, cached)
+            yield TextDelta(tail, (), finish, usage, stop_sequence=stops.matched)
         finally:
             handle.cancel()  # a no-op once finished; else the pages are freed at the next step
 

@@ -2,7 +2,8 @@
 
 Owns: `StopMatcher`. Text is fed in deltas; it returns what is safe to emit now and holds back
 any tail that could still become a stop sequence (OpenAI semantics: the stop string itself is
-not part of the output).
+not part of the output). `matched` names the stop string that ended the text (Anthropic's
+`stop_sequence` reports it).
 Imports: the stdlib only.
 """
 
@@ -16,6 +17,7 @@ class StopMatcher:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found, once `stopped`
 
     def _holdback(self, text: str) -> int:
         """Length of the longest tail of `text` that is a proper prefix of some stop string."""
@@ -32,8 +34,9 @@ class StopMatcher:
         if self.stopped:
             return ""
         text = self._held + delta
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        hits = [(i, s) for s in self.stops if (i := text.find(s)) >= 0]
+        if hits:
+            cut, self.matched = min(hits, key=lambda hit: hit[0])
             self.stopped = True
             self._held = ""
             return text[:cut]

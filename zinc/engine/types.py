@@ -80,7 +80,8 @@ class TokenLogprob:
 class TextDelta:
     """A piece of generated text (may be empty while a stop sequence is being held back).
 
-    `finish_reason` is set on the last event of a generation, together with `usage`.
+    `finish_reason` is set on the last event of a generation, together with `usage`, and
+    `stop_sequence` with the request's stop string that ended it, if one did.
     `logprobs` has one entry per token in `token_ids` when the request asked for logprobs.
     """
 
@@ -89,6 +90,7 @@ class TextDelta:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     logprobs: Sequence[TokenLogprob] = ()
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)
