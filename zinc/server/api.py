@@ -10,6 +10,8 @@ once SSE headers are out, an error becomes a final `data: {"error": ...}` event.
 Chat requests render their active `tools` through the template, and their output goes through
 an `OutputParser` (reasoning split, tool calls; finish reason "tool_calls" when a call was
 made); a forced `tool_choice` or a `response_format` becomes the request's grammar.
+`prepare_chat` and `generation` are that path in two steps, for the Anthropic Messages API
+(zinc.server.anthropic_api) to run the same way with its own response shapes.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
 """
 
@@ -38,7 +40,7 @@ from zinc.server.chat_output import OutputParser
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import NotFoundError, describe
 from zinc.server.exchange import Exchange, HttpRequest
-from zinc.server.openai_request import CommonParams, decode_json, parse_chat, parse_completion
+from zinc.server.openai_request import ChatParams, CommonParams, decode_json, parse_chat, parse_completion
 from zinc.server.openai_response import (
     SSE_DONE,
     SSE_HEADERS,
@@ -105,7 +107,12 @@ class OpenAIApi:
 
     async def chat_completions(self, request: HttpRequest, exchange: Exchange) -> None:
         params = parse_chat(decode_json(await exchange.body()))
-        shape = ChatShape(await self._select(params.common.model))
+        shape = ChatShape(await self.select_model(params.common.model))
+        ids, parser, grammar = self.prepare_chat(params)
+        await self._generate(exchange, shape, params.common, ids, "messages", parser, grammar)
+
+    def prepare_chat(self, params: ChatParams) -> tuple[list[int], OutputParser, Grammar | None]:
+        """A chat request's prompt ids (template, tools), its output parser and its grammar."""
         tools = params.tools
         kwargs = dict(params.template_kwargs)
         if tools.active:
@@ -113,12 +120,11 @@ class OpenAIApi:
         prompt = self._engine.apply_chat_template(list(params.messages), add_generation_prompt=True, **kwargs)
         ids = self._engine.tokenize(prompt, add_special=True, parse_special=True)
         parser = OutputParser(reasoning=True, thinking_open=prompt_opens_thinking(prompt), tools=tools.active)
-        grammar = tools.grammar() or params.common.grammar
-        await self._generate(exchange, shape, params.common, ids, "messages", parser, grammar)
+        return ids, parser, tools.grammar() or params.common.grammar
 
     async def completions(self, request: HttpRequest, exchange: Exchange) -> None:
         params = parse_completion(decode_json(await exchange.body()))
-        shape = TextShape(await self._select(params.common.model))
+        shape = TextShape(await self.select_model(params.common.model))
         prompt = params.prompt
         ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         await self._generate(
@@ -174,7 +180,7 @@ class OpenAIApi:
 
     # ---- generation
 
-    async def _select(self, requested: str | None) -> str:
+    async def select_model(self, requested: str | None) -> str:
         """The model that answers: an `EngineManager` may switch to an installed one first."""
         if isinstance(self._engine, EngineManager):
             return await self._engine.select_model(requested)
@@ -198,6 +204,24 @@ class OpenAIApi:
         parser: OutputParser,
         grammar: Grammar | None,
     ) -> None:
+        async with self.generation(shape.id, common, prompt_ids, param, grammar) as (request, events, first):
+            if common.stream:
+                await self._stream(exchange, shape, common, request, events, first, parser)
+            else:
+                await self._whole(exchange, shape, request, events, first, parser)
+
+    @asynccontextmanager
+    async def generation(
+        self,
+        request_id: str,
+        common: CommonParams,
+        prompt_ids: Sequence[int],
+        param: str,
+        grammar: Grammar | None,
+    ) -> AsyncIterator[tuple[GenerationRequest, AsyncIterator[TextDelta], TextDelta | None]]:
+        """Check the prompt, take an admission slot and start generating: the request, its
+        events and the first event (awaited, so errors before it are plain JSON errors).
+        Leaving the block closes the events, which aborts a generation still running."""
         context = self._engine.context_length
         if not prompt_ids:
             raise InvalidRequestError("The prompt is empty.", param=param)
@@ -206,7 +230,7 @@ class OpenAIApi:
             error.param = param
             raise error
         request = GenerationRequest(
-            request_id=shape.id,
+            request_id=request_id,
             prompt_ids=prompt_ids,
             max_tokens=min(common.max_tokens, context - len(prompt_ids)),
             sampling=common.sampling,
@@ -217,10 +241,7 @@ class OpenAIApi:
         )
         async with self._admission.slot(), closing(self._engine.generate(request)) as events:
             first = await anext(events, None)  # engine errors before the first token: plain JSON
-            if common.stream:
-                await self._stream(exchange, shape, common, request, events, first, parser)
-            else:
-                await self._whole(exchange, shape, request, events, first, parser)
+            yield request, events, first
 
     async def _whole(
         self,
@@ -240,7 +261,7 @@ class OpenAIApi:
                 break
             event = await anext(events, None)
         _extend(output, parser.finish())
-        finish, usage = _ending(event, request, generated)
+        finish, usage = ending(event, request, generated)
         if parser.calls:
             finish = "tool_calls"
         exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
@@ -277,7 +298,7 @@ class OpenAIApi:
             output = parser.finish()
             if output:
                 await exchange.send(sse_event(shape.delta_chunk(output, with_logprobs=with_logprobs)))
-            finish, usage = _ending(event, request, generated)
+            finish, usage = ending(event, request, generated)
             if parser.calls:
                 finish = "tool_calls"
             exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
@@ -292,7 +313,7 @@ class OpenAIApi:
         await exchange.end()
 
 
-def _ending(last: TextDelta | None, request: GenerationRequest, generated: int) -> tuple[str, Usage]:
+def ending(last: TextDelta | None, request: GenerationRequest, generated: int) -> tuple[str, Usage]:
     """Finish reason and usage from the last event (computed if the engine left them out)."""
     usage = last.usage if last is not None else None
     if usage is None:

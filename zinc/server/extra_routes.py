@@ -1,16 +1,18 @@
-"""The routes beyond the core OpenAI ones: model management, operator endpoints and the chat UI.
+"""The routes beyond the core OpenAI ones: the Anthropic Messages API, model management, operator
+endpoints and the chat UI.
 
 Owns: `extra_routes()`, the table the router merges over its own (same path: this one wins), and
-which of these paths are public. Every route that uses the model (chat, completions, tokenize,
-detokenize, apply-template) runs inside `EngineManager.scope()`, so a model swap waits for it and
-it never sees two models.
-Imports: zinc.engine.manager, zinc.server.{api, config, exchange, metrics, models_api,
-operator_api, routes, ui}, the stdlib.
+which of these paths are public; `/props` lists the table's endpoints. Every route that uses the
+model (chat, completions, messages, count_tokens, tokenize, detokenize, apply-template) runs
+inside `EngineManager.scope()`, so a model swap waits for it and it never sees two models.
+Imports: zinc.engine.manager, zinc.server.{anthropic_api, api, config, exchange, metrics,
+models_api, operator_api, routes, ui}, the stdlib.
 """
 
 from __future__ import annotations
 
 from zinc.engine.manager import EngineManager
+from zinc.server.anthropic_api import AnthropicApi
 from zinc.server.api import OpenAIApi
 from zinc.server.config import ServerConfig
 from zinc.server.exchange import Exchange, HttpRequest
@@ -37,9 +39,12 @@ def extra_routes(
 ) -> RouteTable:
     models = ModelsApi(manager)
     ops = OperatorApi(manager, api, config, metrics)
+    anthropic = AnthropicApi(api)
     table: RouteTable = {
         "/v1/chat/completions": {"POST": scoped(manager, api.chat_completions)},
         "/v1/completions": {"POST": scoped(manager, api.completions)},
+        "/v1/messages": {"POST": scoped(manager, anthropic.messages)},
+        "/v1/messages/count_tokens": {"POST": scoped(manager, anthropic.count_tokens)},
         "/v1/models": {"GET": models.list},
         "/v1/models/pull": {"POST": models.pull},
         "/v1/models/activate": {"POST": models.activate},
@@ -53,6 +58,7 @@ def extra_routes(
         "/": {"GET": chat_page},
         "/chat": {"GET": chat_page},
     }
+    ops.endpoints = tuple(f"{method} {path}" for path, methods in table.items() for method in methods)
     for path in list(table):  # the /v1-less aliases, as the core routes have them
         if path.startswith("/v1/"):
             table[path[3:]] = table[path]

@@ -4,9 +4,9 @@ Owns: `POST /tokenize` (`content`, `add_special` (default false), `parse_special
 `with_pieces`) -> `{"tokens": [...]}`; `POST /detokenize` (`tokens`) -> `{"content"}`;
 `POST /apply-template` (`messages`, as chat completions take them) -> `{"prompt"}`;
 `GET /props` (context size, default generation settings, slots, model alias, chat template,
-modalities); `GET /metrics` (Prometheus text format); and `GET /health`, which answers 503
-`{"status": "loading"}` while the first model (or the next, after a forced removal) loads and
-otherwise defers to the OpenAI API's health.
+modalities, the served endpoints as "METHOD /path"); `GET /metrics` (Prometheus text format); and
+`GET /health`, which answers 503 `{"status": "loading"}` while the first model (or the next,
+after a forced removal) loads and otherwise defers to the OpenAI API's health.
 Imports: zinc.engine.{manager, types}, zinc.errors, zinc.server.*, orjson, the stdlib.
 """
 
@@ -55,6 +55,7 @@ class OperatorApi:
         self._config = config
         self._metrics = metrics
         self._started = time.time()
+        self.endpoints: tuple[str, ...] = ()  # "METHOD /path" of each route (set by extra_routes)
 
     async def health(self, request: HttpRequest, exchange: Exchange) -> None:
         manager = self._manager
@@ -134,5 +135,6 @@ class OperatorApi:
             "is_sleeping": False,
             "loading_model": manager.loading,
             "device": manager.stats().device,
+            "endpoints": list(self.endpoints),
         }
         await exchange.respond_json(200, orjson.dumps(body))

@@ -1,14 +1,15 @@
 """Request routing: (method, path) to a handler, CORS, the API key, and the last error boundary.
 
 Owns: the route table (with `/v1`-less aliases), OPTIONS preflight (200 `{}` with the CORS allow
-headers), the headers every response carries (`Access-Control-Allow-Origin: *`), bearer-token
-authentication compared with `hmac.compare_digest` (401; `/health` and preflights stay public),
-404/405 in the OpenAI envelope, and turning any exception a handler raises before its response
-started into that envelope: a `ZincError` keeps its status and message (a 429 for a full queue
-with `Retry-After: 1`), anything else is a 500 with a generic message while the traceback goes
-to the log. Extra routes and public paths (model management, operator endpoints, the chat UI)
+headers), the headers every response carries (`Access-Control-Allow-Origin: *`), API-key
+authentication (`Authorization: Bearer <key>` or `x-api-key: <key>`) compared with
+`hmac.compare_digest` (401; `/health` and preflights stay public), 404/405 in the OpenAI envelope,
+and turning any exception a handler raises before its response started into that envelope (into
+Anthropic's for paths under /v1/messages, zinc.server.anthropic_response): a `ZincError` keeps
+its status and message (a 429 for a full queue with `Retry-After: 1`), anything else is a 500
+with a generic message while the traceback goes to the log. Extra routes and public paths (model management, operator endpoints, the chat UI)
 are merged in from zinc.server.extra_routes.
-Imports: zinc.errors, zinc.server.{api, error_table, exchange}, the stdlib.
+Imports: zinc.errors, zinc.server.{anthropic_response, api, error_table, exchange}, orjson, the stdlib.
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import hmac
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 
+import orjson
+
 from zinc.errors import AuthenticationError, QueueFullError, ZincError
+from zinc.server.anthropic_response import error_body, is_anthropic_path
 from zinc.server.api import OpenAIApi
 from zinc.server.error_table import MethodNotAllowedError, NotFoundError
 from zinc.server.exchange import Exchange, HttpRequest
@@ -27,7 +31,7 @@ log = logging.getLogger("zinc.server")
 Route = Callable[[HttpRequest, Exchange], Awaitable[None]]
 
 COMMON_HEADERS = (("access-control-allow-origin", "*"), ("server", "zinc"))
-DEFAULT_ALLOW_HEADERS = "authorization, content-type"
+DEFAULT_ALLOW_HEADERS = "authorization, content-type, x-api-key, anthropic-version"
 PREFLIGHT_MAX_AGE_S = 86400
 PUBLIC_PATHS = frozenset({"/health"})
 
@@ -80,7 +84,11 @@ class Router:
                 headers.append(("www-authenticate", "Bearer"))
             if isinstance(exc, QueueFullError):  # clients (the openai SDK's retries) wait this long
                 headers.append(("retry-after", "1"))
-            await exchange.respond_error(exc, headers)
+            if is_anthropic_path(request.path):
+                status, body = error_body(exc)
+                await exchange.respond_json(status, orjson.dumps(body), headers)
+            else:
+                await exchange.respond_error(exc, headers)
 
     async def _dispatch(self, request: HttpRequest, exchange: Exchange) -> None:
         methods = self._routes.get(request.path)
@@ -108,9 +116,13 @@ class Router:
         if self._api_key is None:
             return
         scheme, _, token = (request.header("authorization") or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise AuthenticationError("Missing API key: send 'Authorization: Bearer <key>'.")
-        if not hmac.compare_digest(token.strip().encode("latin-1"), self._api_key):
+        bearer = token if scheme.lower() == "bearer" else ""
+        keys = [k.strip() for k in (bearer, request.header("x-api-key") or "") if k.strip()]
+        if not keys:
+            raise AuthenticationError(
+                "Missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
+            )
+        if not any(hmac.compare_digest(k.encode("latin-1"), self._api_key) for k in keys):
             raise AuthenticationError("Incorrect API key provided.")
 
     async def _preflight(self, request: HttpRequest, exchange: Exchange, methods: dict[str, Route]) -> None:
