@@ -12,7 +12,7 @@ body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv
 cos/sin table is computed once per step; with Llama 3's per-pair frequency factors its
 frequencies are a constant (`rope_freqs`), so models without them keep the same MLIR.
 Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
-weight layouts), zinc.compiler.kv_prefetch, zinc.mlir templates.
+weight layouts), zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch, zinc.mlir templates.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from zinc.compiler import dot8, tiled
+from zinc.compiler.attention_prefill import render_prefill_attention
 from zinc.compiler.kernels import (
     QuantType,
     gather_name,
@@ -502,17 +503,23 @@ class Body:
     ) -> str:
         """Attention of T queries at positions `start` + t over the sequence's keys and values by
         position (`kv`, [S, Hkv, hd]: row s is position s), with query scale `scale` and keys
-        limited to the last `window` positions (0: no window); mlir/attention_window.mlir."""
+        limited to the last `window` positions (0: no window): mlir/attention_window.mlir, or on
+        the CPU's prefill the flash attention of compiler/attention_prefill.py."""
         win = window or NO_WINDOW
         name = f"attention_w{win}_s{_sym(scale)}_{self.t_tag}_{heads}x{heads_kv}x{head_dim}"
+        rows = f"tensor<?x{heads_kv}x{head_dim}xf32>"
+        hhd = self.act(heads * head_dim)
+        if self.mod.tiled and self.dynamic:  # the CPU's prefill: the hand-written flash attention
+            name = f"attention_prefill_w{win}_s{_sym(scale)}_{heads}x{heads_kv}x{head_dim}"
+            text = render_prefill_attention(name, heads, heads_kv, head_dim, f32_const(scale), win)
+            self.mod.helper(name, text)
+            return self.call(name, [(q, hhd), (kv[0], rows), (kv[1], rows), (start, "index")], hhd, "attn")
         subs = {
             "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
             "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win),
             "DYN_S": "%T, %S" if self.dynamic else "%S", **t_dims(self.dynamic),
         }  # fmt: skip
         self.mod.helper(name, template("attention_window.mlir").substitute(subs))
-        rows = f"tensor<?x{heads_kv}x{head_dim}xf32>"
-        hhd = self.act(heads * head_dim)
         return self.call(name, [(q, hhd), (kv[0], rows), (kv[1], rows), (start, "index")], hhd, "attn")
 
     def gelu_gated(self, gate: str, up: str, d: int, hint: str) -> str:

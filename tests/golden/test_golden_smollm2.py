@@ -19,22 +19,26 @@ from tests.conftest import SessionFactory, device_params, golden
 from zinc.runtime.session import ModelSession
 
 NEAR_TIE = 0.5  # logits; the largest gap at which zinc (exact) and llama.cpp (q8 activations) may disagree
-TOP1_TOL = 0.5  # first-step top logits, zinc vs llama.cpp (observed up to 0.33 on the code prompt)
+# first-step top logits, zinc vs llama.cpp: both round activations to Q8, and the roundings that flip
+# differ, so the gap moves with any rounding change (the code prompt's: 0.47 with the linalg prefill
+# attention, 0.52 with the flash one, whose attention differs from it by 1e-7)
+TOP1_TOL = 0.75
 VULKAN_TOKENS = 6
 
 
 def check_tokens(ours: list[int], prompt: dict[str, Any]) -> int:
-    """Compare with llama.cpp; returns how many tokens matched before a legitimate divergence."""
+    """Compare with llama.cpp; returns how many tokens matched before a legitimate divergence: a
+    token llama.cpp scored within NEAR_TIE of its own choice (its runner-up, or a third of a
+    three-way tie: the code prompt's step 6 has four tokens within 0.19)."""
     expected = prompt["generated_ids"]
     for i, (a, b) in enumerate(zip(ours, expected, strict=False)):
         if a == b:
             continue
-        step = prompt["steps"][i]
-        margin = step["margin_top1_top2"]
-        runner_up = step["top5"][1][0]
-        assert margin < NEAR_TIE and a == runner_up, (
-            f"{prompt['text']!r}: token {i} is {a}, llama.cpp chose {b} with margin {margin:.3f} "
-            f"(runner-up {runner_up}); not a near-tie"
+        top5 = prompt["steps"][i]["top5"]  # llama.cpp's [token, logit], best first
+        gap = top5[0][1] - dict((int(t), v) for t, v in top5).get(a, float("-inf"))
+        assert gap < NEAR_TIE, (
+            f"{prompt['text']!r}: token {i} is {a}, llama.cpp chose {b} and scored {a} "
+            f"{gap:.3f} below it (its top 5: {top5}); not a near-tie"
         )
         return i
     return len(ours)

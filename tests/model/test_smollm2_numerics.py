@@ -11,7 +11,10 @@ from tests.conftest import SessionFactory, reference_model
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4  # max |logit error| / max |logit|: f32 kernels over 30 layers vs float64
-TOL_Q8 = 5e-2  # Q8 activations through 30 layers (CPU on AVX2), see tests/conftest.py
+# Q8 activations through 30 layers (the CPU), see tests/conftest.py: the drift is chaotic, not a
+# bound of the kernels' error. With the linalg prefill attention it was 4.4e-2, and 7.1e-2 with its
+# query scale changed by 1e-6; the flash attention's (rounding differently, 1e-7) is 6.6e-2.
+TOL_Q8 = 1e-1
 
 
 def test_smollm2_matches_reference(smollm2: Path, open_session: SessionFactory) -> None:
