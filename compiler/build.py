@@ -163,9 +163,10 @@ def _write_repacked(p: Plan, directory: Path) -> None:
 REPACK_ROWS = 2048  # at most this many rows of a weight repacked at a time
 
 
-def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
-    """Each repacked weight's planes, in chunks of `REPACK_ROWS` rows: every layout keeps its
-    groups of rows apart (a plane is row-group major), so the chunks of a plane follow each other."""
+def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any], int]]:
+    """Each repacked weight's planes, in chunks of `REPACK_ROWS` rows, with each plane's whole
+    size: every layout keeps its groups of rows apart (a plane is row-group major), so the chunks
+    of a plane follow each other, and as the chunks are equal, a plane is n / step of them."""
     for name, (sources, q, n, k, layout) in p.repacked.items():
         rows = [read_tensor_bytes(p.gguf.path, p.gguf.tensors[s]) for s in sources]
         raw = rows[0] if len(rows) == 1 else np.concatenate(rows)  # stacked row-wise: [sum n, k]
@@ -174,7 +175,7 @@ def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
         step = next((s for s in range(REPACK_ROWS, 0, -32) if n % s == 0), n)
         for r0 in range(0, n, step):
             for plane, arr in LAYOUTS[layout].repack(q, raw[r0 : r0 + step].reshape(-1), step, k).items():
-                yield f"{name}.{plane}", arr
+                yield f"{name}.{plane}", arr, arr.nbytes * (n // step)
 
 
 def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep_ir: bool = False) -> Path:

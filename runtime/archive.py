@@ -1,54 +1,84 @@
 """Parameter archives (`.irpa`): the repacked weights a CPU artifact carries beside its vmfb.
 
-Owns: `write_parameter_archive` (named arrays -> one `.irpa`, written through IREE's own writer
-so the runtime's `ParameterIndex` reads it back by mmap; the arrays come in chunks, one at a
-time, and go to scratch files first, so writing an 8B model's archive holds a chunk in memory,
-not the archive) and `read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied
-whole into memory).
-Imports: iree.runtime, numpy, zinc.model.gguf_file (TensorInfo).
+Owns: `write_parameter_archive` (named arrays -> one `.irpa` in IREE's parameter archive format,
+version 0 as iree/schemas/parameter_archive.h defines it, which the runtime's `ParameterIndex`
+reads back by mmap; the arrays come in chunks, one at a time, each written once at its place in
+the file, so writing an 8B model's archive holds one chunk in memory and writes its 4 GB once)
+and `read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied whole into memory).
+Imports: numpy, zinc.model.gguf_file (TensorInfo).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import iree.runtime as rt
 import numpy as np
 
 from zinc.model.gguf_file import TensorInfo
 
+# The archive's layout (all little-endian, packed): the header at offset 0; the entries' data from
+# DATA_START on, each at a multiple of DATA_ALIGN; then the entry table and the names.
+MAGIC = 0x41505249  # "IRPA"
+HEADER = struct.Struct("<IHHQQQ" "Q" "QQ" "QQ" "QQ")  # prefix; entry count; entry, name, data segments
+ENTRY = struct.Struct("<QIQ" "QQ" "QQ" "Q" "QQ")  # size, type, flags; name; metadata; alignment; data
+ENTRY_DATA = 2  # an entry whose bytes are in the archive's data segment
+ENTRY_ALIGN = 16
+DATA_ALIGN = 64
+PAGE = 4096  # the data segment starts, and the file ends, at a page boundary: the runtime maps it
+DATA_START = PAGE
 
-def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[Any, Any]]]) -> None:
-    """Write the archive at `path` from `chunks` (name, array), taken one at a time: the arrays of
-    one name, in order, are that entry's bytes. Each entry goes to a scratch file of its own
-    beside `path` first, and IREE's writer copies them from there."""
-    scratch = path.with_name(path.name + ".scratch")
-    scratch.mkdir(exist_ok=True)
-    files: dict[str, tuple[Path, int]] = {}  # entry -> (scratch file, bytes)
+
+def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[Any, Any], int]]) -> None:
+    """Write the archive at `path` from `chunks` (name, array, the entry's size in bytes), taken one
+    at a time: the arrays of one name, in order, are that entry's bytes, and its first chunk
+    reserves its whole size, so entries may be written interleaved."""
+    entries: dict[str, list[int]] = {}  # name -> [offset in the data segment, size, bytes written]
+    end = 0  # the data segment's length so far
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        for name, arr in chunks:
-            data = np.ascontiguousarray(arr)
-            file, size = files.get(name, (scratch / str(len(files)), 0))
-            with open(file, "ab") as f:
-                data.tofile(f)
-            files[name] = (file, size + data.nbytes)
-            del data
-        index = rt.ParameterIndex()
-        fds = [os.open(file, os.O_RDONLY) for file, _ in files.values()]
-        try:
-            for (name, (_, size)), fd in zip(files.items(), fds, strict=True):
-                index.add_from_file_handle(name, rt.FileHandle.wrap_fd(fd), size)
-            index.create_archive_file(str(path))
-            del index
-        finally:
-            for fd in fds:
-                os.close(fd)
+        for name, arr, size in chunks:
+            entry = entries.get(name)
+            if entry is None:
+                entry = entries[name] = [_align(end, DATA_ALIGN), size, 0]
+                end = entry[0] + size
+            data = memoryview(np.ascontiguousarray(arr)).cast("B")
+            if entry[2] + data.nbytes > entry[1]:
+                raise ValueError(f"parameter {name}: more than its {entry[1]} bytes")
+            _write_at(fd, data, DATA_START + entry[0] + entry[2])
+            entry[2] += data.nbytes
+        short = [name for name, (_, size, done) in entries.items() if done != size]
+        if short:
+            raise ValueError(f"parameters given fewer bytes than their size: {', '.join(short[:3])}")
+        names = [name.encode() for name in entries]
+        table = bytearray()
+        at = 0  # each name's offset in the name segment
+        for name, (offset, size, _) in zip(names, entries.values(), strict=True):
+            table += ENTRY.pack(ENTRY.size, ENTRY_DATA, 0, at, len(name), 0, 0, DATA_ALIGN, offset, size)
+            table += bytes(_align(len(table), ENTRY_ALIGN) - len(table))
+            at += len(name)
+        table_at = _align(DATA_START + end, ENTRY_ALIGN)
+        names_at = table_at + len(table)
+        _write_at(fd, memoryview(bytes(table) + b"".join(names)), table_at)
+        os.ftruncate(fd, _align(names_at + at, PAGE))
+        header = HEADER.pack(MAGIC, 0, 0, HEADER.size, 0, 0, len(entries), table_at, len(table), names_at, at,
+                             DATA_START, end)  # fmt: skip
+        _write_at(fd, memoryview(header), 0)
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        os.close(fd)
+
+
+def _align(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _write_at(fd: int, data: memoryview, offset: int) -> None:
+    while data.nbytes:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
 
 
 def read_tensor_bytes(gguf_path: Path, info: TensorInfo) -> np.ndarray[Any, np.dtype[np.uint8]]:

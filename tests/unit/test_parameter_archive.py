@@ -1,0 +1,49 @@
+"""zinc's parameter archive writer (runtime/archive.py) read back by IREE's own parser.
+
+Entries arrive in interleaved chunks, as the compile's repacking yields them; IREE's
+`ParameterIndex` must find every entry, with its size, at an aligned offset holding its bytes, in
+a file whose size is a whole number of pages. A chunk that overruns its entry, or an entry left
+short, is an error, not a corrupt archive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import iree.runtime as rt
+import numpy as np
+import pytest
+
+from zinc.runtime.archive import DATA_ALIGN, PAGE, write_parameter_archive
+
+
+def test_interleaved_chunks_read_back_by_iree(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    whole = {
+        "blk.0.ffn_up.weight.qs": rng.integers(-128, 127, (4, 100), dtype=np.int8),
+        "blk.0.ffn_up.weight.d": rng.standard_normal((4, 7)).astype(np.float32),
+        "output.weight.sc": rng.integers(0, 255, (4, 3), dtype=np.uint8),
+    }
+    chunks = [(name, arr[i], arr.nbytes) for i in range(4) for name, arr in whole.items()]
+    path = tmp_path / "weights.irpa"
+    write_parameter_archive(path, chunks)
+    assert path.stat().st_size % PAGE == 0
+    index = rt.ParameterIndex()
+    index.load(str(path))
+    items = dict(index.items())
+    assert sorted(items) == sorted(whole)
+    data = path.read_bytes()
+    for name, arr in whole.items():
+        entry = items[name]
+        assert entry.length == arr.nbytes and entry.is_file
+        _, offset = entry.file_storage
+        assert offset % DATA_ALIGN == 0
+        assert data[offset : offset + arr.nbytes] == arr.tobytes()
+
+
+def test_an_entry_given_too_many_or_too_few_bytes_is_an_error(tmp_path: Path) -> None:
+    a = np.zeros(8, np.uint8)
+    with pytest.raises(ValueError, match="more than its 8 bytes"):
+        write_parameter_archive(tmp_path / "over.irpa", [("w", a, 8), ("w", a, 8)])
+    with pytest.raises(ValueError, match="fewer bytes than their size: w"):
+        write_parameter_archive(tmp_path / "short.irpa", [("w", a, 16)])
