@@ -45,7 +45,7 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
             if entry is None:
                 entry = entries[name] = [_align(end, DATA_ALIGN), size, 0]
                 end = entry[0] + size
-            data = memoryview(np.ascontiguousarray(arr)).cast("B")
+            data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
             if entry[2] + data.nbytes > entry[1]:
                 raise ValueError(f"parameter {name}: more than its {entry[1]} bytes")
             _write_at(fd, data, DATA_START + entry[0] + entry[2])
@@ -53,13 +53,13 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
         short = [name for name, (_, size, done) in entries.items() if done != size]
         if short:
             raise ValueError(f"parameters given fewer bytes than their size: {', '.join(short[:3])}")
-        names = [name.encode() for name in entries]
+        names = [key.encode() for key in entries]
         table = bytearray()
         at = 0  # each name's offset in the name segment
-        for name, (offset, size, _) in zip(names, entries.values(), strict=True):
-            table += ENTRY.pack(ENTRY.size, ENTRY_DATA, 0, at, len(name), 0, 0, DATA_ALIGN, offset, size)
+        for encoded, (offset, size, _) in zip(names, entries.values(), strict=True):
+            table += ENTRY.pack(ENTRY.size, ENTRY_DATA, 0, at, len(encoded), 0, 0, DATA_ALIGN, offset, size)
             table += bytes(_align(len(table), ENTRY_ALIGN) - len(table))
-            at += len(name)
+            at += len(encoded)
         table_at = _align(DATA_START + end, ENTRY_ALIGN)
         names_at = table_at + len(table)
         _write_at(fd, memoryview(bytes(table) + b"".join(names)), table_at)
