@@ -15,7 +15,7 @@
 // (ctx is padded so), so no load runs past the end. Rows past T (the last block's) are computed
 // on the last row and not stored.
 // Placeholders: NAME, HEADS, G, HKV, HD, HHD, R, R1 (R - 1), ACC, WINDOW, SCALE, ROWS (per row: its
-// clamped index, position and masks' operands), ITER_INIT, ITER_TYPES, NRES, DOT_INIT, DOT_TYPES,
+// clamped index, position and masks' operands), ITER_INIT, ITER_TYPES, NRES, NDOT (R x ACC), DOT_INIT, DOT_TYPES,
 // DOT (the FMAs of ACC elements of q), DOT_YIELD, SOFTMAX, VALUES, YIELD, STORES.
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups(%tw: index) -> (index, index, index) {
