@@ -20,7 +20,7 @@ lint:
     bash scripts/lint
 
 # zinc vs llama.cpp in the same run; writes docs/PERFORMANCE.md (needs llama-cpp-python built for this CPU);
-# `--sizes`: the real-shape 1B and 8B models against llama.cpp's llama-bench (scripts/bench-sizes)
+# `--sizes`: the real-shape 1B and 8B models against llama.cpp's llama-bench and llama-server (scripts/bench-sizes)
 bench *ARGS:
     bash scripts/bench {{ARGS}}
 
