@@ -15,8 +15,9 @@ import httpx2
 import orjson
 import pytest
 
-from tests.e2e.test_server_fake_engine import MODEL, RunningServer, read_response
+from tests.e2e.test_server_fake_engine import MODEL
 from tests.fakes import FakeEngine, expected_text
+from tests.server_harness import RunningServer, read_response
 
 pytestmark = pytest.mark.e2e
 HI: Any = [{"role": "user", "content": "hi"}]

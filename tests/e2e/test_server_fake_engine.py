@@ -9,50 +9,24 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import openai
 import orjson
 import pytest
-import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.fakes import FakeEngine, expected_text
-from zinc.server import Server, ServerConfig, start_server
+from tests.server_harness import RunningServer, read_response
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "fake-model"
 HI: Any = [{"role": "user", "content": "hi"}]
-
-
-class RunningServer:
-    """`start_server` on a uvloop loop in a background thread."""
-
-    def __init__(self, engine: FakeEngine, **config: Any) -> None:
-        self.engine = engine
-        self.loop = uvloop.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        config = {"port": 0, **config}
-        future = asyncio.run_coroutine_threadsafe(start_server(engine, ServerConfig(**config)), self.loop)
-        self.server: Server = future.result(timeout=5)
-        self.port = self.server.port
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.close(), self.loop).result(timeout=15)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        self.loop.close()
-
-    def connect(self) -> socket.socket:
-        return socket.create_connection(("127.0.0.1", self.port), timeout=5)
 
 
 @pytest.fixture(scope="module")
@@ -65,25 +39,6 @@ def srv() -> Iterator[RunningServer]:
 @pytest.fixture
 def client(srv: RunningServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=10)
-
-
-def read_response(f: BinaryIO) -> tuple[int, dict[str, str], bytes]:
-    """One HTTP/1.1 response from a socket file (Content-Length, chunked, or until EOF)."""
-    status = int(f.readline().split()[1])
-    headers: dict[str, str] = {}
-    while (line := f.readline()) not in (b"\r\n", b""):
-        key, _, value = line.decode().partition(":")
-        headers[key.strip().lower()] = value.strip()
-    if "content-length" in headers:
-        return status, headers, f.read(int(headers["content-length"]))
-    if headers.get("transfer-encoding") == "chunked":
-        body = b""
-        while size := int(f.readline(), 16):
-            body += f.read(size)
-            f.readline()
-        f.readline()
-        return status, headers, body
-    return status, headers, f.read()
 
 
 def chat_request(max_tokens: int, stream: bool = False, close: bool = False) -> bytes:
