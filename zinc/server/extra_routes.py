@@ -1,12 +1,13 @@
-"""The routes beyond the core OpenAI ones: the Anthropic Messages API, model management, operator
-endpoints and the chat UI.
+"""The routes beyond the core OpenAI ones: the OpenAI Responses API, the Anthropic Messages API, model
+management, operator endpoints and the chat UI.
 
 Owns: `extra_routes()`, the table the router merges over its own (same path: this one wins), and
 which of these paths are public; `/props` lists the table's endpoints. Every route that uses the
-model (chat, completions, messages, count_tokens, tokenize, detokenize, apply-template) runs
-inside `EngineManager.scope()`, so a model swap waits for it and it never sees two models.
+model (chat, completions, responses, messages, count_tokens, tokenize, detokenize,
+apply-template) runs inside `EngineManager.scope()`, so a model swap waits for it and it never
+sees two models.
 Imports: zinc.engine.manager, zinc.server.{anthropic_api, api, config, exchange, metrics,
-models_api, operator_api, routes, ui}, the stdlib.
+models_api, operator_api, responses_api, routes, ui}, the stdlib.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from zinc.server.exchange import Exchange, HttpRequest
 from zinc.server.metrics import ServerMetrics
 from zinc.server.models_api import ModelsApi
 from zinc.server.operator_api import OperatorApi
+from zinc.server.responses_api import ResponsesApi
 from zinc.server.routes import Route
 from zinc.server.ui import chat_page
 
@@ -40,9 +42,11 @@ def extra_routes(
     models = ModelsApi(manager)
     ops = OperatorApi(manager, api, config, metrics)
     anthropic = AnthropicApi(api)
+    responses = ResponsesApi(api)
     table: RouteTable = {
         "/v1/chat/completions": {"POST": scoped(manager, api.chat_completions)},
         "/v1/completions": {"POST": scoped(manager, api.completions)},
+        "/v1/responses": {"POST": scoped(manager, responses.create)},
         "/v1/messages": {"POST": scoped(manager, anthropic.messages)},
         "/v1/messages/count_tokens": {"POST": scoped(manager, anthropic.count_tokens)},
         "/v1/models": {"GET": models.list},
