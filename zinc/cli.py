@@ -163,6 +163,7 @@ class ServeOptions:
     prefill_chunk: int | None = None  # prompt tokens per scheduler iteration (None: 128 CPU, 8 Vulkan)
     write_timeout: float = 30.0  # seconds a client may read nothing of a response before it is dropped
     max_connections: int = 1024  # open connections; past them a new one gets 503 and is closed
+    shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
@@ -179,6 +180,8 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         fail(f"--write-timeout must be a positive number of seconds, got {o.write_timeout}")
     if o.max_connections < 1:
         fail(f"--max-connections must be at least 1, got {o.max_connections}")
+    if not 0 < o.shutdown_timeout < math.inf:
+        fail(f"--shutdown-timeout must be a positive number of seconds, got {o.shutdown_timeout}")
     if o.kv_tokens is not None and o.kv_tokens < o.context:
         fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
     spec = resolve_device(o.device, o.cpu_driver, o.threads)
@@ -195,6 +198,7 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     config = ServerConfig(
         host=o.host, port=o.port, parallel=o.parallel, max_queued_requests=o.max_queue, api_key=api_key,
         write_timeout_s=o.write_timeout, max_connections=o.max_connections,
+        graceful_shutdown_timeout_s=o.shutdown_timeout,
     )  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
     url = f"http://{o.host}:{o.port}"
@@ -203,7 +207,11 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         f"zinc: serving [bold]{escape(model_id)}[/] on {spec.name} at {where} (context {o.context})",
         soft_wrap=True,
     )
-    serve(manager, config, initial_model=model_id)
+    status = serve(manager, config, initial_model=model_id)
+    if status:  # a second signal cut the shutdown short: exit now, whatever a thread still runs
+        logging.shutdown()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 KvTokensOpt = Annotated[
@@ -238,6 +246,14 @@ MaxConnectionsOpt = Annotated[
         "--max-connections", help="Open connections at most; past them a new one gets 503 and is closed"
     ),
 ]
+ShutdownTimeoutOpt = Annotated[
+    float,
+    typer.Option(
+        "--shutdown-timeout",
+        help="Seconds running requests get to finish after SIGTERM or SIGINT (new connections are "
+        "refused meanwhile); then they are cancelled. A second signal exits at once",
+    ),
+]
 
 
 @app.command("serve")
@@ -262,12 +278,13 @@ def serve_cmd(
     threads: ThreadsOpt = None,
     write_timeout: WriteTimeoutOpt = 30.0,
     max_connections: MaxConnectionsOpt = 1024,
+    shutdown_timeout: ShutdownTimeoutOpt = 10.0,
 ) -> None:
     """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
     run_server(
         ServeOptions(
             model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
-            prefill_chunk, write_timeout, max_connections,
+            prefill_chunk, write_timeout, max_connections, shutdown_timeout,
         )
     )
 
@@ -295,6 +312,7 @@ def chat_cmd(
     open_browser: Annotated[bool, typer.Option("--open", help="Open the chat page in a browser")] = False,
     write_timeout: WriteTimeoutOpt = 30.0,
     max_connections: MaxConnectionsOpt = 1024,
+    shutdown_timeout: ShutdownTimeoutOpt = 10.0,
 ) -> None:
     """Serve the built-in chat UI (port 9090 by default) together with the API."""
     if open_browser:
@@ -303,7 +321,7 @@ def chat_cmd(
         timer.start()
     options = ServeOptions(
         model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
-        prefill_chunk, write_timeout, max_connections,
+        prefill_chunk, write_timeout, max_connections, shutdown_timeout,
     )
     run_server(options, chat_ui=True)
 

@@ -2,9 +2,12 @@
 
 Owns: `start_server()` (listen on host:port, port 0 picks a free one) returning a `Server` handle
 whose `close()` stops accepting, closes idle connections, lets responses in progress finish within
-`graceful_shutdown_timeout_s`, then cancels them (which aborts their generations); and `serve()`,
-which runs all that under uvloop until SIGINT or SIGTERM (loading the first model in the
-background when asked to). Every server talks to an `EngineManager` and has metrics.
+`graceful_shutdown_timeout_s`, then cancels them (which aborts their generations), or at once after
+`force_close()`; and `serve()`, which runs all that under uvloop until SIGINT or SIGTERM (loading
+the first model in the background when asked to): the first signal shuts down gracefully (new
+connections are refused: the listening socket is closed) and `serve()` returns 0; a second SIGINT
+or SIGTERM during that cuts it short and `serve()` returns 128 + that signal's number, the shell's
+code for a process a signal ended. Every server talks to an `EngineManager` and has metrics.
 Imports: zinc.engine.{types, manager}, zinc.server.{config, api, routes, extra_routes, metrics,
 http11}, uvloop, the stdlib.
 """
@@ -43,6 +46,7 @@ class Server:
         self._connections = connections
         self._config = config
         self._closed = False
+        self._forced = False
 
     @property
     def port(self) -> int:
@@ -65,16 +69,22 @@ class Server:
         for connection in list(self._connections):
             connection.shutdown()  # idle ones close now, busy ones after their response
         deadline = time.monotonic() + self._config.graceful_shutdown_timeout_s
-        while self._connections and time.monotonic() < deadline:
+        while self._connections and time.monotonic() < deadline and not self._forced:
             await asyncio.sleep(_SHUTDOWN_POLL_S)
         tasks = [c.task for c in self._connections if c.task is not None]
         if tasks:
-            log.warning("cancelling %d request(s) still running after the shutdown timeout", len(tasks))
+            why = "at once" if self._forced else "after the shutdown timeout"
+            log.warning("cancelling %d request(s) still running %s", len(tasks), why)
         for connection in list(self._connections):
             connection.abort()
         if tasks:
             await asyncio.wait(tasks, timeout=_CANCEL_GRACE_S)
         await self._server.wait_closed()
+
+    def force_close(self) -> None:
+        """Cut a graceful shutdown short: `close()` (running or to come) cancels what still runs
+        now instead of waiting for it."""
+        self._forced = True
 
     async def __aenter__(self) -> Server:
         return self
@@ -107,23 +117,37 @@ async def start_server(engine: Engine | EngineManager, config: ServerConfig) -> 
     return Server(server, connections, config)
 
 
-def serve(engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None = None) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully.
+def serve(engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None = None) -> int:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully; returns the exit status: 0, or
+    128 + the signal's number when a second signal cut the shutdown short.
 
     With `initial_model`, the server listens at once (`/health` answers 503 "loading") while the
     manager loads that model; if loading fails, the server stops and the error is raised.
     """
-    uvloop.run(_serve_until_signalled(engine, config, initial_model))
+    return uvloop.run(_serve_until_signalled(engine, config, initial_model))
 
 
 async def _serve_until_signalled(
     engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None
-) -> None:
+) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    forced_by: list[int] = []  # the signal that cut the graceful shutdown short
+    running: list[Server] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            stop.set()
+            return
+        if not forced_by:
+            log.warning("%s during shutdown: cancelling what still runs and exiting now", sig.name)
+            forced_by.append(int(sig))
+        for server in running:
+            server.force_close()
+
     signals = (signal.SIGINT, signal.SIGTERM)
     for sig in signals:
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
     failure: list[BaseException] = []
     loading: asyncio.Future[None] | None = None
 
@@ -138,6 +162,7 @@ async def _serve_until_signalled(
 
     try:
         async with await start_server(engine, config) as server:
+            running.append(server)
             if initial_model is not None and isinstance(engine, EngineManager):
                 log.info("listening on http://%s:%d; loading %s", config.host, server.port, initial_model)
                 loading = asyncio.ensure_future(load_first(engine, initial_model))
@@ -146,10 +171,14 @@ async def _serve_until_signalled(
             await stop.wait()
             if loading is not None and not loading.done():
                 loading.cancel()
-            log.info("shutting down")
+            log.info(
+                "shutting down: running requests get %g s to finish; a second signal exits at once",
+                config.graceful_shutdown_timeout_s,
+            )
     finally:
         for sig in signals:
             with contextlib.suppress(ValueError, RuntimeError):
                 loop.remove_signal_handler(sig)
     if failure:
         raise failure[0]
+    return 128 + forced_by[0] if forced_by else 0
