@@ -1,0 +1,136 @@
+"""The server under load: 64 clients at once against `--parallel 8 --max-queue 16`.
+
+Every admitted generation is held at its start (a gate in the fake engine) until all 64 requests
+are in, so they really are concurrent whatever the machine's speed: exactly the excess (64 - 8 -
+16 = 40) get 429 with `Retry-After`, the 24 admitted all complete once the gate opens, none hangs
+(each client's socket has a timeout), and every connection is closed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import orjson
+import pytest
+
+from tests.fakes import FakeEngine, expected_text
+from tests.server_harness import RunningServer, read_response
+from zinc.engine.types import GenerationRequest, TextDelta
+
+pytestmark = pytest.mark.e2e
+CLIENTS, PARALLEL, MAX_QUEUE = 64, 8, 16
+MAX_TOKENS = 12
+
+
+class GatedEngine(FakeEngine):
+    """A fake engine whose generations wait for `gate` before their first token."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = asyncio.Semaphore(CLIENTS)  # the fake runs one generation at a time; here all run
+        self.gate = asyncio.Event()
+        self.held = 0  # generations that reached the gate
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
+        return self._gated(super().generate(request))
+
+    async def _gated(self, events: AsyncIterator[TextDelta]) -> AsyncIterator[TextDelta]:
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            self.held += 1
+            await self.gate.wait()
+            async for event in events:
+                yield event
+
+
+@pytest.fixture
+def srv() -> Iterator[RunningServer]:
+    running = RunningServer(GatedEngine(), parallel=PARALLEL, max_queued_requests=MAX_QUEUE)
+    yield running
+    running.stop()
+
+
+def request_bytes(i: int) -> bytes:
+    """Client i's request: chat or text completion, streamed or not, by turns."""
+    stream = i % 2 == 1
+    if i % 4 < 2:
+        path, body = b"/v1/chat/completions", {"messages": [{"role": "user", "content": f"client {i}"}]}
+    else:
+        path, body = b"/v1/completions", {"prompt": f"client {i}"}
+    data = orjson.dumps({**body, "max_tokens": MAX_TOKENS, "stream": stream})
+    head = b"POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % (
+        path,
+        len(data),
+    )
+    return head + data
+
+
+def text_of(i: int, body: bytes) -> tuple[str, str]:
+    """The generated text and finish reason of client i's 200 response."""
+    key = "message" if i % 4 < 2 else "text"
+    if i % 2 == 0:
+        choice = orjson.loads(body)["choices"][0]
+        return (choice["message"]["content"] if key == "message" else choice["text"]), choice["finish_reason"]
+    assert body.endswith(b"data: [DONE]\n\n")
+    text, finish = "", ""
+    for line in body.decode().split("\n"):
+        if line.startswith("data: {"):
+            choice = orjson.loads(line[6:])["choices"][0]
+            text += (choice.get("delta", {}).get("content") if key == "message" else choice["text"]) or ""
+            finish = choice["finish_reason"] or finish
+    return text, finish
+
+
+def test_64_clients_exactly_the_excess_get_429_and_the_rest_complete(srv: RunningServer) -> None:
+    engine = srv.engine
+    assert isinstance(engine, GatedEngine)
+    refused = threading.Semaphore(0)
+
+    def client(i: int) -> tuple[int, dict[str, str], bytes]:
+        with srv.connect() as sock, sock.makefile("rb") as f:
+            sock.settimeout(60)  # a client left hanging fails the test
+            sock.sendall(request_bytes(i))
+            status, headers, body = read_response(f)
+        if status == 429:
+            refused.release()
+        return status, headers, body
+
+    def health() -> dict[str, int]:
+        with srv.connect() as sock, sock.makefile("rb") as f:
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            status, _, body = read_response(f)
+        assert status == 200
+        data: dict[str, int] = orjson.loads(body)
+        return data
+
+    excess = CLIENTS - PARALLEL - MAX_QUEUE
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        futures = [pool.submit(client, i) for i in range(CLIENTS)]
+        for _ in range(excess):  # the excess is answered while the admitted ones are held
+            assert refused.acquire(timeout=60), "the excess was not refused at once"
+        deadline = time.monotonic() + 60
+        while engine.held < PARALLEL or health()["queued_requests"] < MAX_QUEUE:
+            assert time.monotonic() < deadline, (engine.held, health())
+            time.sleep(0.01)
+        assert (engine.held, health()["queued_requests"]) == (PARALLEL, MAX_QUEUE)  # all 64 are in
+        assert not any(f.done() and f.result()[0] != 429 for f in futures)  # nobody else answered yet
+        srv.loop.call_soon_threadsafe(engine.gate.set)
+        results = [f.result(timeout=60) for f in futures]
+
+    assert Counter(status for status, _, _ in results) == {200: PARALLEL + MAX_QUEUE, 429: excess}
+    for i, (status, headers, body) in enumerate(results):
+        if status == 429:
+            assert headers["retry-after"] == "1" and headers["connection"] == "close"
+            error = orjson.loads(body)["error"]
+            assert (error["type"], error["code"]) == ("rate_limit_error", "queue_full")
+        else:
+            assert text_of(i, body) == (expected_text(MAX_TOKENS), "length")
+    admitted = PARALLEL + MAX_QUEUE
+    assert engine.held == admitted and len(engine.completed) == admitted and engine.aborts == []
+    assert health()["queued_requests"] == 0 and health()["active_requests"] == 0
+    srv.wait_for_connections(0)
