@@ -129,41 +129,98 @@ def test_smollm2_drops_bytes_it_has_no_token_for_like_llama_cpp() -> None:
     assert tok.encode("\U00040000") == [tok.token_id(BYTE_TO_UNICODE[0x80])] * 3
 
 
-# llama.cpp's own tokenization and pieces, recorded by fixtures/make_golden.py in each golden
-# file (its `tokenize_checks` and `piece_checks`; their `source` says how they were made:
-# fixtures/golden/README.md). Each variant is (add_special, parse_special).
+# llama.cpp's own tokenizer, recorded by fixtures/make_golden_tokenizer.py into
+# fixtures/golden/tokenizer_NAME.json (provenance: fixtures/golden/README.md): the vocabulary's
+# facts, the pieces of a sample of ids, and ~340 texts (unicode, whitespace runs, digits, code,
+# special tokens and look-alikes, llama.cpp's chat-template output, a seeded corpus), each
+# tokenized four ways and its ids detokenized. Each variant is (add_special, parse_special).
 RECORDED_VARIANTS = {
     "ids": {},
     "ids_no_special_added": {"add_special": False},
     "ids_parse_special": {"parse_special": True},
     "ids_no_special_added_parse_special": {"add_special": False, "parse_special": True},
 }
+RECORDED_KINDS = {
+    "empty",
+    "golden",
+    "unicode",
+    "unicode16",
+    "whitespace",
+    "digits",
+    "code",
+    "special",
+    "chat",
+    "seeded",
+}
+
+
+def _recorded(name: str) -> dict[str, Any]:
+    data = golden(f"tokenizer_{name}")
+    assert "llama_tokenize" in data["how"] and data["llama_cpp"], "not a recording of llama.cpp"
+    return data
 
 
 @pytest.mark.golden
-def test_matches_llama_cpp_on_recorded_text(model: tuple[str, Tokenizer]) -> None:
+def test_recorded_tokenizer_data_is_llama_cpp_s_and_covers_every_kind(model: tuple[str, Tokenizer]) -> None:
     name, tok = model
-    cases = golden(name)["tokenize_checks"]["cases"]
-    assert cases
-    for case in cases:
-        assert {"ids", "ids_no_special_added", "ids_parse_special"} <= case.keys(), case["text"]
+    data = _recorded(name)
+    assert {c["kind"] for c in data["cases"]} == RECORDED_KINDS
+    assert len(data["cases"]) > 300
+    chat = [c for c in data["cases"] if c["kind"] == "chat"]
+    marker = "<|im_start|>" if name == "smollm2" else "<start_of_turn>"
+    assert chat and all(marker in c["text"] for c in chat)
+    assert all(tok.token_id(marker) in c["ids_parse_special"] for c in chat)  # parsed as one token
+
+
+@pytest.mark.golden
+def test_encode_matches_llama_cpp_on_recorded_text(model: tuple[str, Tokenizer]) -> None:
+    """Every recorded text, all four variants, equal to llama.cpp's ids, but one documented
+    difference: the letters and digits new in Unicode 16 (kind `unicode16`). llama.cpp's
+    character tables predate Unicode 16, so SmolLM2's byte-level BPE pre-tokenizer splits text
+    around them differently there; zinc's splits (the `tokenizers` library's Oniguruma regex, as
+    the model's own Hugging Face tokenizer does) follow the current Unicode tables on purpose.
+    Gemma's SentencePiece has no pre-tokenizer, so there the two agree. When a regenerated file
+    comes from a llama.cpp that knows Unicode 16, this test fails on the exception: drop it."""
+    name, tok = model
+    differ = []
+    for case in _recorded(name)["cases"]:
         for key, kwargs in RECORDED_VARIANTS.items():
-            if key in case:  # the fourth variant is absent where the section was derived (`source`)
-                assert tok.encode(case["text"], **kwargs) == case[key], (key, case["text"])
+            got = tok.encode(case["text"], **kwargs)
+            if case["kind"] == "unicode16" and name == "smollm2":
+                differ.append(got != case[key])
+                assert tok.decode(got, skip_special=False) == case["text"]  # it still round-trips
+            else:
+                assert got == case[key], (case["kind"], key, case["text"])
+    assert all(differ), "llama.cpp now splits Unicode 16 letters as zinc does: drop the exception"
 
 
 @pytest.mark.golden
-def test_pieces_and_eog_match_llama_cpp(model: tuple[str, Tokenizer]) -> None:
+def test_decode_matches_llama_cpp_on_recorded_text(model: tuple[str, Tokenizer]) -> None:
+    """llama_detokenize of each text's ids (special tokens parsed), with special tokens dropped
+    (zinc's default) and rendered (skip_special=False), byte for byte."""
     name, tok = model
-    data = golden(name)
-    checks = data["piece_checks"]
-    assert checks["ids"]
-    for i, piece in zip(checks["ids"], checks["pieces_special_hex"], strict=True):
-        assert tok.piece(i, skip_special=False).hex() == piece, i
-    if checks["pieces_hex"] is not None:  # null where the section was derived (`source`)
-        for i, piece in zip(checks["ids"], checks["pieces_hex"], strict=True):
-            assert tok.piece(i).hex() == piece, i
-    assert [i for i in range(tok.vocab_size) if tok.is_eog(i)] == data["vocab"]["eog_tokens"]
+    for case in _recorded(name)["cases"]:
+        ids = case["ids_parse_special"]
+        assert tok.decode_bytes(ids).hex() == case["decoded_hex"], (case["kind"], case["text"])
+        assert tok.decode_bytes(ids, skip_special=False).hex() == case["decoded_special_hex"], case["text"]
+
+
+@pytest.mark.golden
+def test_pieces_vocab_and_eog_match_llama_cpp(model: tuple[str, Tokenizer]) -> None:
+    name, tok = model
+    data = _recorded(name)
+    pieces = data["pieces"]
+    assert len(pieces["ids"]) > 600 and set(data["vocab"]["special_tokens"]) <= set(pieces["ids"])
+    for i, plain, special in zip(
+        pieces["ids"], pieces["pieces_hex"], pieces["pieces_special_hex"], strict=True
+    ):
+        assert tok.piece(i).hex() == plain, i
+        assert tok.piece(i, skip_special=False).hex() == special, i
+    vocab = data["vocab"]
+    assert tok.vocab_size == vocab["n_vocab"]
+    assert (tok.bos_id, tok.eos_id, tok.eot_id) == (vocab["bos"], vocab["eos"], vocab["eot"])
+    assert (tok.add_bos, tok.add_eos) == (vocab["add_bos"], vocab["add_eos"])
+    assert [i for i in range(tok.vocab_size) if tok.is_eog(i)] == vocab["eog_tokens"]
 
 
 def test_special_tokens_are_parsed_only_when_asked(model: tuple[str, Tokenizer]) -> None:
