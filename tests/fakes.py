@@ -74,6 +74,7 @@ class FakeEngine:
         script_piece: int = 3,
     ) -> None:
         self.script = script
+        self.specials: dict[str, int] = {"bos": BOS}  # add "fim_pre", ... for /infill tests
         self.script_piece = script_piece
         self._model_id = model_id
         self._context_length = context_length
@@ -114,6 +115,9 @@ class FakeEngine:
 
     def detokenize(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if i < 256 and i != BOS).decode(errors="replace")
+
+    def special_tokens(self) -> Mapping[str, int]:
+        return dict(self.specials)
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any

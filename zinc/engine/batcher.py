@@ -19,7 +19,9 @@ goes in one such call instead of its first request alone and the rest behind it.
 the pages of their longest cached prefix (`PagePool.lookup`); pages grow on demand; when none is
 free the least recently used cached page is evicted, then the least recently used session dropped,
 then the youngest sequence preempted (its pages freed, it resumes later by prefilling its prompt and
-the tokens it generated). Per-token choice is the sequence's `TokenPicker`; events go to the
+the tokens it generated). The choices of one request (n > 1, one `group`) share their prompt: while one
+of them prefills it the others wait, then take its whole pages from the prefix cache and prefill only
+the rest (the tokens of its last page), so the prompt is computed once. Per-token choice is the sequence's `TokenPicker`; events go to the
 request's `on_event` from the loop thread. While the same batch goes on unchanged (every running
 sequence in it, all greedy, each sure to need the next step), its steps are chained: each is fed the
 greedy tokens of the one before it on the device, and is enqueued `ENQUEUE_LEAD_S` before that one
@@ -263,8 +265,18 @@ class Scheduler:
             self._finish(seq, "abort")
 
     def _admit(self) -> None:
+        held: list[_Sequence] = []  # choices waiting for a sibling to prefill their shared prompt
+        try:
+            self._admit_in_order(held)
+        finally:
+            self._waiting.extendleft(reversed(held))
+
+    def _admit_in_order(self, held: list[_Sequence]) -> None:
         while self._waiting and len(self._running) < self.parallel:
             seq = self._waiting[0]
+            if seq.req.group is not None and not seq.fed and self._share(seq):
+                held.append(self._waiting.popleft())
+                continue
             if not seq.fed:  # a new sequence (or a preempted one) reuses its longest cached prefix
                 tokens = seq.pending
                 seq.pages = self.pool.lookup(tokens)
@@ -285,6 +297,20 @@ class Scheduler:
                 seq.admitted = True
             self._waiting.popleft()
             self._running.append(seq)
+
+    def _share(self, seq: _Sequence) -> bool:
+        """Whether `seq` must wait for a running sibling (the lock is held): the choices of one
+        request (`group`) share their prompt, so while one of them is still prefilling it the
+        others wait; once it is done its whole pages go into the prefix cache, and each of the
+        others takes them (`lookup`) and prefills only the rest, the last page's tokens."""
+        prompt = seq.req.prompt_ids
+        for other in self._running:
+            if other.req.group != seq.req.group or other.finished or other.req.prompt_ids != prompt:
+                continue
+            if len(other.fed) < len(prompt):
+                return True  # still reading the prompt
+            self.pool.register(other.pages, other.fed[: len(prompt)])
+        return False
 
     def _grow(self, seq: _Sequence, positions: int, preempt: bool) -> bool:
         """Give `seq` pages for `positions` positions; evict, drop sessions, then (if `preempt`)

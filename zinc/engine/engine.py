@@ -113,6 +113,9 @@ class LocalEngine:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids)
 
+    def special_tokens(self) -> Mapping[str, int]:
+        return self.tokenizer.special_ids
+
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:
@@ -137,7 +140,9 @@ class LocalEngine:
             relay.post(put, event)
 
         handle = self.scheduler.submit(
-            SequenceRequest(prompt, request.max_tokens, eog, picker, deliver, request.session_id)
+            SequenceRequest(
+                prompt, request.max_tokens, eog, picker, deliver, request.session_id, request.prompt_group
+            )
         )
         # the token events become text deltas here, in this generator's own frame (no inner
         # generator: each layer costs the event loop a resumption per token)

@@ -119,6 +119,9 @@ class EngineManager:
     def detokenize(self, ids: Sequence[int]) -> str:
         return self._use().detokenize(ids)
 
+    def special_tokens(self) -> Mapping[str, int]:
+        return self._use().special_tokens()
+
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any
     ) -> str:

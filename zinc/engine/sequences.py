@@ -104,6 +104,7 @@ class SequenceRequest:
     picker: Picker
     on_event: Callable[[SequenceEvent], None]
     session_id: str | None = None
+    group: str | None = None  # the choices of one request (n > 1): one prefills the shared prompt
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,9 @@ class GenerationRequest:
     logprobs: int | None = None  # None: none; n >= 0: each token's logprob and the n most likely
     grammar: Grammar | None = None  # constrained decoding: only tokens the grammar allows
     session_id: str | None = None  # keep this conversation's KV pages for its next turn
+    # the choices of one request (n > 1) share this key and their prompt: one of them prefills
+    # it, the others take its KV pages and compute only the last page's tokens
+    prompt_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,10 @@ class Engine(Protocol):
     def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]: ...
 
     def detokenize(self, ids: Sequence[int]) -> str: ...
+
+    def special_tokens(self) -> Mapping[str, int]:
+        """The vocabulary's special token ids by GGUF name ("bos", "fim_pre", ...)."""
+        ...
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True, **kwargs: Any

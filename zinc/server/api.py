@@ -11,7 +11,9 @@ Chat requests render their active `tools` through the template, and their output
 an `OutputParser` (reasoning split, tool calls; finish reason "tool_calls" when a call was
 made); a forced `tool_choice` or a `response_format` becomes the request's grammar.
 `prepare_chat` and `generation` are that path in two steps, for the Anthropic Messages API
-(zinc.server.anthropic_api) to run the same way with its own response shapes.
+(zinc.server.anthropic_api) to run the same way with its own response shapes. A request with
+`n` > 1 choices takes `n` admission slots at once (at most `--parallel`) and is answered by
+zinc.server.choices.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from urllib.parse import unquote
@@ -37,6 +40,7 @@ from zinc.errors import (
     ZincError,
 )
 from zinc.server.chat_output import OutputParser
+from zinc.server.choices import ChoiceEvents, choice_requests, respond_choices
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import NotFoundError, describe
 from zinc.server.exchange import Exchange, HttpRequest
@@ -57,29 +61,50 @@ Shape = ChatShape | TextShape
 
 
 class Admission:
-    """Counts requests generating and waiting; refuses at once past both bounds."""
+    """Counts the choices generating and waiting (a request with `n` choices counts `n`, taken
+    all at once, first come first served); refuses at once past both bounds."""
 
     def __init__(self, parallel: int, max_queued: int) -> None:
-        self._slots = asyncio.Semaphore(parallel)
+        self.parallel = parallel
         self._max_queued = max_queued
         self.running = 0
         self.waiting = 0
+        self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
 
     @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self._slots.locked() and self.waiting >= self._max_queued:
-            raise QueueFullError("The server is busy: too many requests are running and queued.")
-        self.waiting += 1
-        try:
-            await self._slots.acquire()
-        finally:
-            self.waiting -= 1
-        self.running += 1
+    async def slot(self, n: int = 1) -> AsyncIterator[None]:
+        if self._queue or self.running + n > self.parallel:
+            if self.waiting + n > self._max_queued:
+                raise QueueFullError("The server is busy: too many requests are running and queued.")
+            entry = (n, asyncio.get_running_loop().create_future())
+            self._queue.append(entry)
+            self.waiting += n
+            try:
+                await entry[1]
+            except BaseException:
+                if entry in self._queue:  # still waiting: leave the queue
+                    self._queue.remove(entry)
+                    self.waiting -= n
+                elif not entry[1].cancelled():  # granted as it was cancelled: give it back
+                    self.running -= n
+                self._grant()
+                raise
+        else:
+            self.running += n
         try:
             yield
         finally:
-            self.running -= 1
-            self._slots.release()
+            self.running -= n
+            self._grant()
+
+    def _grant(self) -> None:
+        """Start the waiting requests, in order, while the first one's choices fit."""
+        while self._queue and self.running + self._queue[0][0] <= self.parallel:
+            n, future = self._queue.popleft()
+            self.waiting -= n
+            if not future.done():
+                self.running += n
+                future.set_result(None)
 
 
 @asynccontextmanager
@@ -124,9 +149,11 @@ class OpenAIApi:
 
     async def completions(self, request: HttpRequest, exchange: Exchange) -> None:
         params = parse_completion(decode_json(await exchange.body()))
-        shape = TextShape(await self.select_model(params.common.model))
+        model = await self.select_model(params.common.model)
         prompt = params.prompt
         ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        echo = "" if not params.echo else prompt if isinstance(prompt, str) else self._engine.detokenize(ids)
+        shape = TextShape(model, echo)
         await self._generate(
             exchange, shape, params.common, ids, "prompt", OutputParser(), params.common.grammar
         )
@@ -204,6 +231,9 @@ class OpenAIApi:
         parser: OutputParser,
         grammar: Grammar | None,
     ) -> None:
+        if common.n > 1:
+            await self._choices(exchange, shape, common, prompt_ids, param, parser, grammar)
+            return
         async with self.generation(shape.id, common, prompt_ids, param, grammar) as (request, events, first):
             if common.stream:
                 await self._stream(exchange, shape, common, request, events, first, parser)
@@ -222,6 +252,20 @@ class OpenAIApi:
         """Check the prompt, take an admission slot and start generating: the request, its
         events and the first event (awaited, so errors before it are plain JSON errors).
         Leaving the block closes the events, which aborts a generation still running."""
+        request = self.request(request_id, common, prompt_ids, param, grammar)
+        async with self._admission.slot(), closing(self._engine.generate(request)) as events:
+            first = await anext(events, None)  # engine errors before the first token: plain JSON
+            yield request, events, first
+
+    def request(
+        self,
+        request_id: str,
+        common: CommonParams,
+        prompt_ids: Sequence[int],
+        param: str,
+        grammar: Grammar | None,
+    ) -> GenerationRequest:
+        """The engine request, once the prompt is checked (empty, or too long for the context)."""
         context = self._engine.context_length
         if not prompt_ids:
             raise InvalidRequestError("The prompt is empty.", param=param)
@@ -239,9 +283,33 @@ class OpenAIApi:
             grammar=grammar,
             session_id=common.session_id,
         )
-        async with self._admission.slot(), closing(self._engine.generate(request)) as events:
-            first = await anext(events, None)  # engine errors before the first token: plain JSON
-            yield request, events, first
+        return request
+
+    async def _choices(
+        self,
+        exchange: Exchange,
+        shape: Shape,
+        common: CommonParams,
+        prompt_ids: Sequence[int],
+        param: str,
+        parser: OutputParser,
+        grammar: Grammar | None,
+    ) -> None:
+        """`n` > 1 choices (zinc.server.choices): n generations that take n admission slots."""
+        if common.n > self._admission.parallel:
+            raise InvalidRequestError(
+                f"'n' is {common.n}, more than this server decodes together (--parallel "
+                f"{self._admission.parallel}).",
+                param="n",
+            )
+        requests = choice_requests(self.request(shape.id, common, prompt_ids, param, grammar), common.n)
+        async with self._admission.slot(common.n):
+            events = ChoiceEvents([self._engine.generate(r) for r in requests])
+            try:
+                await events.started()
+                await respond_choices(exchange, shape, common, requests, events, parser.fresh, ending)
+            finally:
+                await events.close()
 
     async def _whole(
         self,

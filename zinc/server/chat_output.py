@@ -19,8 +19,14 @@ from zinc.server.openai_response import Output
 
 class OutputParser:
     def __init__(self, *, reasoning: bool = False, thinking_open: bool = False, tools: bool = False) -> None:
+        self._settings = (reasoning, thinking_open, tools)
         self._reasoning = ReasoningSplitter(started=thinking_open) if reasoning else None
         self._tools = ToolCallParser() if tools else None
+
+    def fresh(self) -> OutputParser:
+        """A new parser with this one's settings (one per choice when a request has `n` > 1)."""
+        reasoning, thinking_open, tools = self._settings
+        return OutputParser(reasoning=reasoning, thinking_open=thinking_open, tools=tools)
 
     @property
     def calls(self) -> list[ToolCall]:

@@ -4,7 +4,8 @@ Owns: decoding a JSON body, checking each field's type (a wrong one is a 400
 `invalid_request_error` naming the `param`), defaults and clamping, for /v1/chat/completions and
 /v1/completions. Sampling ranges are clamped, not refused (temperature 0..2, top_p and min_p
 0..1, presence/frequency penalties -2..2, logit_bias -100..100); values with no meaning (a
-non-positive repeat penalty, n other than 1, more than 4 stop sequences) are refused. A negative
+non-positive repeat penalty, `n` outside 1..128 (OpenAI's bound; the server also refuses more
+than `--parallel`), more than 4 stop sequences, `echo` with `logprobs`) are refused. A negative
 seed (llama.cpp's -1) means no fixed seed. Tools, `response_format` and logprobs are parsed by
 zinc.server.openai_features.
 Imports: zinc.engine.types, zinc.errors, zinc.server.openai_features, orjson, the stdlib.
@@ -31,6 +32,7 @@ from zinc.server.openai_features import (
 )
 
 DEFAULT_MAX_TOKENS = 256
+MAX_CHOICES = 128  # `n` at most (OpenAI's own bound); the server also caps it at --parallel
 MAX_STOP_SEQUENCES = 4
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt"})
@@ -50,6 +52,7 @@ class CommonParams:
     grammar: Grammar | None = None  # response_format as a constraint
     logprobs: int | None = None  # None: none; n: each token's logprob and n alternatives
     session_id: str | None = None  # keep the conversation's KV pages for its next turn
+    n: int = 1  # choices, decoded together
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class ChatParams:
 class CompletionParams:
     common: CommonParams
     prompt: str | tuple[int, ...]  # text to tokenize, or token ids as given
+    echo: bool = False  # each choice's text starts with the prompt
 
 
 def decode_json(body: bytes) -> Json:
@@ -115,15 +119,23 @@ def parse_completion(payload: Json) -> CompletionParams:
     if payload.get("logprobs") is False:
         payload = {**payload, "logprobs": None}
     common = replace(common, logprobs=parse_completion_logprobs(payload))
-    _refuse_if(payload, "echo", lambda v: v is not None and v is not False)
+    echo = bool(_typed(payload, "echo", bool, False))
+    if echo and common.logprobs is not None:
+        raise InvalidRequestError(
+            "'echo' with 'logprobs' is not supported: the prompt's logprobs would need the logits of "
+            "every prompt position, and zinc's prefill computes only the last one's.",
+            param="echo",
+        )
     _refuse_if(payload, "suffix", lambda v: v is not None and v != "")
-    _refuse_if(payload, "best_of", lambda v: v is not None and v != 1)
-    return CompletionParams(common, _parse_prompt(payload.get("prompt")))
+    _refuse_if(payload, "best_of", lambda v: v is not None and v != common.n)
+    return CompletionParams(common, _parse_prompt(payload.get("prompt")), echo)
 
 
 def _parse_common(payload: Json) -> CommonParams:
     model = _typed(payload, "model", str, None) or None
-    _refuse_if(payload, "n", lambda v: v is not None and v != 1)
+    n = _integer(payload, "n")
+    if n is not None and not 1 <= n <= MAX_CHOICES:
+        raise InvalidRequestError(f"'n' must be from 1 to {MAX_CHOICES}.", param="n")
     max_tokens = _integer(payload, "max_completion_tokens")
     if max_tokens is None:
         max_tokens = _integer(payload, "max_tokens")
@@ -149,6 +161,7 @@ def _parse_common(payload: Json) -> CommonParams:
         include_usage,
         grammar=parse_response_format(payload),
         session_id=session_id,
+        n=n or 1,
     )
 
 

@@ -6,7 +6,9 @@ Owns: the JSON shapes of chat (`chat.completion`, `chat.completion.chunk`) and t
 interface so the generation code does not branch on the endpoint: both take an `Output` (content,
 and for chat `reasoning_content` and `tool_calls` deltas) and the tokens' logprobs, in OpenAI's
 shapes (chat: `logprobs.content[]` with `token`, `logprob`, `bytes`, `top_logprobs`; text:
-`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`).
+`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`). A request with `n` choices gets one
+`Choice` per index (`whole_choices`) or chunks that each carry their choice's `index`; a text
+completion with `echo` starts each choice's text with the prompt (streamed: a first chunk of it).
 Imports: zinc.engine (types, tool_calls), orjson, the stdlib.
 """
 
@@ -44,6 +46,15 @@ def usage_json(usage: Usage) -> Json:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+
+
+@dataclass
+class Choice:
+    """One finished choice of a whole response."""
+
+    output: Output
+    finish_reason: str
+    calls: Sequence[ToolCall] = ()
 
 
 @dataclass
@@ -115,9 +126,15 @@ class _Shape:
         """The non-streaming response."""
         if isinstance(output, str):
             output = Output(output)
+        return self.whole_choices([Choice(output, finish_reason, calls)], usage, with_logprobs=with_logprobs)
+
+    def whole_choices(self, choices: Sequence[Choice], usage: Usage, *, with_logprobs: bool = False) -> Json:
+        """The non-streaming response of `n` choices, choice i at index i."""
         return {
             **self._head(self.whole_object),
-            "choices": [self._choice(output, finish_reason, calls, with_logprobs)],
+            "choices": [
+                self._choice(c.output, c.finish_reason, c.calls, with_logprobs, i) for i, c in enumerate(choices)
+            ],
             "usage": usage_json(usage),
         }
 
@@ -125,24 +142,24 @@ class _Shape:
         """The last chunk when `stream_options.include_usage` is set."""
         return {**self._head(self.chunk_object), "choices": [], "usage": usage_json(usage)}
 
-    def first_chunk(self) -> Json | None:
-        """A chunk sent before any text (the chat role), or None."""
+    def first_chunk(self, index: int = 0) -> Json | None:
+        """A chunk sent before any text of choice `index` (the chat role, an echoed prompt), or None."""
         return None
 
-    def delta_chunk(self, output: Output | str, *, with_logprobs: bool = False) -> Json:
+    def delta_chunk(self, output: Output | str, *, with_logprobs: bool = False, index: int = 0) -> Json:
         if isinstance(output, str):
             output = Output(output)
-        return {**self._head(self.chunk_object), "choices": [self._delta(output, None, with_logprobs)]}
+        return {**self._head(self.chunk_object), "choices": [self._delta(output, None, with_logprobs, index)]}
 
-    def final_chunk(self, finish_reason: str) -> Json:
-        return {**self._head(self.chunk_object), "choices": [self._delta(None, finish_reason, False)]}
+    def final_chunk(self, finish_reason: str, index: int = 0) -> Json:
+        return {**self._head(self.chunk_object), "choices": [self._delta(None, finish_reason, False, index)]}
 
     def _choice(
-        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool
+        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool, index: int
     ) -> Json:
         raise NotImplementedError
 
-    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
+    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool, index: int) -> Json:
         raise NotImplementedError
 
 
@@ -151,12 +168,12 @@ class ChatShape(_Shape):
     whole_object = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def first_chunk(self) -> Json:
-        role = {"index": 0, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
+    def first_chunk(self, index: int = 0) -> Json:
+        role = {"index": index, "delta": {"role": "assistant"}, "logprobs": None, "finish_reason": None}
         return {**self._head(self.chunk_object), "choices": [role]}
 
     def _choice(
-        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool
+        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool, index: int
     ) -> Json:
         message: Json = {"role": "assistant", "content": output.content}
         if output.reasoning:
@@ -168,9 +185,9 @@ class ChatShape(_Shape):
                 for c in calls
             ]
         logprobs = chat_logprobs_json(output.logprobs) if with_logprobs else None
-        return {"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
+    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool, index: int) -> Json:
         delta: Json = {}
         if output is not None:
             if output.reasoning:
@@ -180,7 +197,7 @@ class ChatShape(_Shape):
             if output.tool_calls:
                 delta["tool_calls"] = _merge_tool_deltas(output.tool_calls)
         logprobs = chat_logprobs_json(output.logprobs) if with_logprobs and output is not None else None
-        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 class TextShape(_Shape):
@@ -188,15 +205,24 @@ class TextShape(_Shape):
     whole_object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, echo: str = "") -> None:
         super().__init__(model)
-        self._offset = 0  # characters of completion text before the next token (text_offset)
+        self.echo = echo  # the prompt's text, put before each choice's text (`echo`)
+        self._offsets: dict[int, int] = {}  # choice -> characters of its text before its next token
 
-    def _logprobs(self, logprobs: Sequence[TokenLogprob]) -> Json:
+    def first_chunk(self, index: int = 0) -> Json | None:
+        if not self.echo:
+            return None
+        echoed = {"index": index, "text": self.echo, "logprobs": None, "finish_reason": None}
+        return {**self._head(self.chunk_object), "choices": [echoed]}
+
+    def _logprobs(self, logprobs: Sequence[TokenLogprob], index: int) -> Json:
         offsets = []
+        offset = self._offsets.get(index, len(self.echo))
         for t in logprobs:
-            offsets.append(self._offset)
-            self._offset += len(t.token)
+            offsets.append(offset)
+            offset += len(t.token)
+        self._offsets[index] = offset
         return {
             "tokens": [t.token for t in logprobs],
             "token_logprobs": [t.logprob for t in logprobs],
@@ -205,15 +231,16 @@ class TextShape(_Shape):
         }
 
     def _choice(
-        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool
+        self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool, index: int
     ) -> Json:
-        logprobs = self._logprobs(output.logprobs) if with_logprobs else None
-        return {"index": 0, "text": output.content, "logprobs": logprobs, "finish_reason": finish_reason}
+        logprobs = self._logprobs(output.logprobs, index) if with_logprobs else None
+        text = self.echo + output.content
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool) -> Json:
+    def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool, index: int) -> Json:
         text = output.content if output is not None else ""
-        logprobs = self._logprobs(output.logprobs) if with_logprobs and output is not None else None
-        return {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+        logprobs = self._logprobs(output.logprobs, index) if with_logprobs and output is not None else None
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def model_card(model_id: str, created: int, context_length: int) -> Json:

@@ -90,6 +90,12 @@ class Tokenizer:
         return self._special.get("eot")
 
     @property
+    def special_ids(self) -> dict[str, int]:
+        """The vocabulary's special tokens by llama.cpp's names ("bos", "eos", "fim_pre", "fim_suf",
+        "fim_mid", "fim_pad", "fim_rep", "fim_sep", ...); a token the model lacks is absent."""
+        return dict(self._special)
+
+    @property
     def eog_ids(self) -> frozenset[int]:
         """Every token that ends generation (EOS, end-of-turn, FIM pads, ...), as llama.cpp decides."""
         return self._eog_ids

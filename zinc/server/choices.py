@@ -1,0 +1,197 @@
+"""`n` > 1: several choices of one chat or text completion, generated together, whole or streamed.
+
+Owns: `choice_requests` (one `GenerationRequest` per choice: the same prompt under one
+`prompt_group`, so the engine prefills it once and the others take its KV pages; with a `seed`,
+choice i samples with seed + i, so each choice's stream is reproducible and they differ; only
+choice 0 keeps a `session_id`), `ChoiceEvents` (every choice's engine events merged in the order
+they come, each generation's iterator closed on exit, which aborts what still runs), and
+`respond_choices`, the response: every choice's first event is awaited before the head (errors
+before it are plain JSON errors), each choice's text goes through its own `OutputParser`, streamed
+chunks carry their choice's `index`, and usage counts the prompt once and the completion tokens of
+every choice (`cached_tokens`: the prompt tokens no choice computed).
+Imports: zinc.engine.types, zinc.errors, zinc.server (chat_output, exchange, openai_request,
+openai_response, error_table), orjson, the stdlib.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import replace
+
+import orjson
+
+from zinc.engine.types import GenerationRequest, TextDelta, Usage
+from zinc.errors import ZincError
+from zinc.server.chat_output import OutputParser
+from zinc.server.error_table import describe
+from zinc.server.exchange import Exchange
+from zinc.server.openai_request import CommonParams
+from zinc.server.openai_response import SSE_DONE, SSE_HEADERS, ChatShape, Choice, Output, TextShape, sse_event
+
+log = logging.getLogger("zinc.server")
+SEED_MASK = (1 << 64) - 1
+
+Shape = ChatShape | TextShape
+Item = tuple[int, TextDelta | BaseException | None]  # (choice, its next event, an error or its end)
+
+
+def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
+    """`request` as `n` choices that share its prompt (and its prefill)."""
+    group = f"{request.request_id}/choices"
+    seed = request.sampling.seed
+    out = []
+    for i in range(n):
+        sampling = request.sampling if seed is None else replace(request.sampling, seed=(seed + i) & SEED_MASK)
+        out.append(
+            replace(
+                request,
+                request_id=f"{request.request_id}/{i}",
+                sampling=sampling,
+                session_id=request.session_id if i == 0 else None,
+                prompt_group=group,
+            )
+        )
+    return out
+
+
+class ChoiceEvents:
+    """The events of `n` generations as (choice, event) in arrival order; a choice's end is
+    (choice, None), and an error it raised is (choice, error)."""
+
+    def __init__(self, streams: Sequence[AsyncIterator[TextDelta]]) -> None:
+        self._queue: asyncio.Queue[Item] = asyncio.Queue()
+        self._tasks = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
+        self._streams = streams
+        self._backlog: deque[Item] = deque()
+
+    async def _pump(self, index: int, stream: AsyncIterator[TextDelta]) -> None:
+        try:
+            async for event in stream:
+                self._queue.put_nowait((index, event))
+        except Exception as exc:  # handed to the reader, which reports it
+            self._queue.put_nowait((index, exc))
+            return
+        self._queue.put_nowait((index, None))
+
+    async def started(self) -> None:
+        """Wait until every choice has an event (or has failed: that error is raised here)."""
+        seen: set[int] = set()
+        while len(seen) < len(self._tasks):
+            item = await self._queue.get()
+            if isinstance(item[1], BaseException):
+                raise item[1]
+            self._backlog.append(item)
+            seen.add(item[0])
+
+    async def next(self) -> Item:
+        if self._backlog:
+            return self._backlog.popleft()
+        return await self._queue.get()
+
+    async def close(self) -> None:
+        """Stop every generation still running (its pages are freed at the next step)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for stream in self._streams:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+async def respond_choices(
+    exchange: Exchange,
+    shape: Shape,
+    common: CommonParams,
+    requests: Sequence[GenerationRequest],
+    events: ChoiceEvents,
+    make_parser: Callable[[], OutputParser],
+    ending: Callable[[TextDelta | None, GenerationRequest, int], tuple[str, Usage]],
+) -> None:
+    """Answer with every choice of `events`, whole or streamed (`common.stream`)."""
+    n = len(requests)
+    parsers = [make_parser() for _ in range(n)]
+    outputs = [Output() for _ in range(n)]
+    generated = [0] * n
+    last: list[TextDelta | None] = [None] * n
+    finishes = [""] * n
+    with_logprobs = requests[0].logprobs is not None
+    streaming = common.stream
+    if streaming:
+        await exchange.start_stream(200, SSE_HEADERS)
+    try:
+        for i in range(n) if streaming else ():
+            first = shape.first_chunk(i)
+            if first is not None:
+                await exchange.send(sse_event(first))
+        left = n
+        while left:
+            i, event = await events.next()
+            if isinstance(event, BaseException):
+                raise event
+            if event is not None and finishes[i] == "":
+                last[i] = event
+                generated[i] += len(event.token_ids)
+                output = parsers[i].feed(event.text, event.logprobs)
+                await _emit(exchange, shape, outputs[i], output, streaming, with_logprobs, i)
+                if event.finish_reason is None:
+                    continue
+            if finishes[i]:
+                continue  # the end of a choice that already finished
+            await _emit(exchange, shape, outputs[i], parsers[i].finish(), streaming, with_logprobs, i)
+            finish, _ = ending(last[i], requests[i], generated[i])
+            finishes[i] = "tool_calls" if parsers[i].calls else finish
+            if streaming:
+                await exchange.send(sse_event(shape.final_chunk(finishes[i], i)))
+            left -= 1
+        usage = _usage(requests, last, generated, ending)
+        exchange.note_usage(usage.prompt_tokens, usage.completion_tokens)
+        if not streaming:
+            choices = [Choice(outputs[i], finishes[i], parsers[i].calls) for i in range(n)]
+            body = shape.whole_choices(choices, usage, with_logprobs=with_logprobs)
+            await exchange.respond_json(200, orjson.dumps(body))
+            return
+        if common.include_usage:
+            await exchange.send(sse_event(shape.usage_chunk(usage)))
+        await exchange.send(SSE_DONE)
+    except Exception as exc:
+        if not streaming:
+            raise
+        if not isinstance(exc, ZincError):  # headers are out: report the failure inside the stream
+            log.error("generation failed mid-stream (request %s)", shape.id, exc_info=exc)
+        await exchange.send(sse_event(describe(exc)[1]))
+    if streaming:
+        await exchange.end()
+
+
+async def _emit(
+    exchange: Exchange, shape: Shape, whole: Output, output: Output, streaming: bool, with_logprobs: bool, i: int
+) -> None:
+    """A piece of choice i: streamed as its chunk, or kept for the whole response."""
+    if not output:
+        return
+    if streaming:
+        await exchange.send(sse_event(shape.delta_chunk(output, with_logprobs=with_logprobs, index=i)))
+        return
+    whole.content += output.content
+    whole.reasoning += output.reasoning
+    whole.tool_calls.extend(output.tool_calls)
+    whole.logprobs.extend(output.logprobs)
+
+
+def _usage(
+    requests: Sequence[GenerationRequest],
+    last: Sequence[TextDelta | None],
+    generated: Sequence[int],
+    ending: Callable[[TextDelta | None, GenerationRequest, int], tuple[str, Usage]],
+) -> Usage:
+    """The prompt once, every choice's completion tokens, the prompt tokens no choice computed."""
+    each = [ending(e, r, g)[1] for e, r, g in zip(last, requests, generated, strict=True)]
+    return Usage(
+        each[0].prompt_tokens,
+        sum(u.completion_tokens for u in each),
+        min(u.cached_tokens for u in each),
+    )
