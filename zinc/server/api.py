@@ -127,6 +127,10 @@ class OpenAIApi:
         self._started = time.time()
 
     @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
     def admission(self) -> Admission:
         return self._admission
 

@@ -1,12 +1,12 @@
-"""The routes beyond the core OpenAI ones: the OpenAI Responses API, the Anthropic Messages API, model
-management, operator endpoints and the chat UI.
+"""The routes beyond the core OpenAI ones: the OpenAI Responses API, the Anthropic Messages API,
+llama.cpp's /infill, model management, operator endpoints and the chat UI.
 
 Owns: `extra_routes()`, the table the router merges over its own (same path: this one wins), and
 which of these paths are public; `/props` lists the table's endpoints. Every route that uses the
 model (chat, completions, responses, messages, count_tokens, tokenize, detokenize,
 apply-template) runs inside `EngineManager.scope()`, so a model swap waits for it and it never
 sees two models.
-Imports: zinc.engine.manager, zinc.server.{anthropic_api, api, config, exchange, metrics,
+Imports: zinc.engine.manager, zinc.server.{anthropic_api, api, config, exchange, infill_api, metrics,
 models_api, operator_api, responses_api, routes, ui}, the stdlib.
 """
 
@@ -17,6 +17,7 @@ from zinc.server.anthropic_api import AnthropicApi
 from zinc.server.api import OpenAIApi
 from zinc.server.config import ServerConfig
 from zinc.server.exchange import Exchange, HttpRequest
+from zinc.server.infill_api import InfillApi
 from zinc.server.metrics import ServerMetrics
 from zinc.server.models_api import ModelsApi
 from zinc.server.operator_api import OperatorApi
@@ -43,6 +44,7 @@ def extra_routes(
     ops = OperatorApi(manager, api, config, metrics)
     anthropic = AnthropicApi(api)
     responses = ResponsesApi(api)
+    infill = InfillApi(api)
     table: RouteTable = {
         "/v1/chat/completions": {"POST": scoped(manager, api.chat_completions)},
         "/v1/completions": {"POST": scoped(manager, api.completions)},
@@ -55,6 +57,7 @@ def extra_routes(
         "/v1/models/remove": {"POST": models.remove},
         "/v1/health": {"GET": ops.health},
         "/v1/metrics": {"GET": ops.metrics},
+        "/infill": {"POST": scoped(manager, infill.infill)},
         "/tokenize": {"POST": scoped(manager, ops.tokenize)},
         "/detokenize": {"POST": scoped(manager, ops.detokenize)},
         "/apply-template": {"POST": scoped(manager, ops.apply_template)},

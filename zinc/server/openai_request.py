@@ -131,6 +131,11 @@ def parse_completion(payload: Json) -> CompletionParams:
     return CompletionParams(common, _parse_prompt(payload.get("prompt")), echo)
 
 
+def parse_common(payload: Json) -> CommonParams:
+    """The fields every generation endpoint shares (zinc.server.infill_api uses them too)."""
+    return _parse_common(payload)
+
+
 def _parse_common(payload: Json) -> CommonParams:
     model = _typed(payload, "model", str, None) or None
     n = _integer(payload, "n")
