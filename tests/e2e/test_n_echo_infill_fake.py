@@ -1,0 +1,144 @@
+"""`n` > 1, `echo` and `/infill` over HTTP on the fake engine (issue 39), with the `openai` SDK where
+it applies: choices by index whole and streamed, usage, the 400s, an echoed prompt, and /infill's
+llama.cpp shapes (the FIM prompt the engine gets, the answer, the stream, a model without FIM)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.fakes import BOS, FakeEngine, expected_text
+from tests.server_harness import RunningServer
+
+pytestmark = pytest.mark.e2e
+FIM = {"fim_pre": 300, "fim_suf": 301, "fim_mid": 302}
+
+
+@pytest.fixture
+def srv() -> Iterator[RunningServer]:
+    running = RunningServer(FakeEngine(), parallel=4)
+    yield running
+    running.stop()
+
+
+def client(srv: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+
+
+def post(srv: RunningServer, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    """POST `body` as JSON: the status and the whole response body."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{srv.port}{path}", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_chat_n_3_gives_three_choices_by_index_and_usage_counts_the_prompt_once(srv: RunningServer) -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    one = client(srv).chat.completions.create(model="fake-model", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    three = client(srv).chat.completions.create(model="fake-model", messages=messages, max_tokens=4, n=3, seed=5)  # type: ignore[arg-type]
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    assert all(c.message.content == expected_text(4) and c.finish_reason == "length" for c in three.choices)
+    assert three.usage is not None and one.usage is not None
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens
+    assert three.usage.completion_tokens == 3 * one.usage.completion_tokens
+    requests = srv.engine.requests[-3:]
+    assert [r.sampling.seed for r in requests] == [5, 6, 7]
+    assert len({r.prompt_group for r in requests}) == 1 and requests[0].prompt_group is not None
+
+
+def test_streamed_chat_n_2_chunks_carry_their_choice(srv: RunningServer) -> None:
+    stream = client(srv).chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, stream=True,  # type: ignore[list-item]
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    texts, roles, finishes = ["", ""], [0, 0], [None, None]
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            roles[choice.index] += choice.delta.role == "assistant"
+            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+    assert texts == [expected_text(3)] * 2 and roles == [1, 1] and finishes == ["length", "length"]
+    assert usage is not None and usage.completion_tokens == 6
+
+
+def test_completions_n_2_whole_and_streamed(srv: RunningServer) -> None:
+    whole = client(srv).completions.create(model="fake-model", prompt="abc", max_tokens=2, n=2)
+    assert [(c.index, c.text) for c in whole.choices] == [(0, expected_text(2)), (1, expected_text(2))]
+    texts = ["", ""]
+    for chunk in client(srv).completions.create(model="fake-model", prompt="abc", max_tokens=2, n=2, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [expected_text(2)] * 2
+
+
+def test_n_past_parallel_and_out_of_range_are_400(srv: RunningServer) -> None:
+    for n, words in ((5, "--parallel 4"), (0, "from 1 to 128")):
+        with pytest.raises(openai.BadRequestError) as info:
+            client(srv).completions.create(model="fake-model", prompt="abc", max_tokens=2, n=n)
+        assert words in str(info.value) and info.value.body["param"] == "n"  # type: ignore[index]
+    assert srv.engine.requests == []
+
+
+def test_echo_puts_the_prompt_before_the_text_whole_and_streamed(srv: RunningServer) -> None:
+    whole = client(srv).completions.create(model="fake-model", prompt="Once upon", max_tokens=3, echo=True)
+    assert whole.choices[0].text == "Once upon" + expected_text(3)
+    chunks = list(client(srv).completions.create(model="fake-model", prompt="Once upon", max_tokens=3, echo=True,
+                                                 stream=True))  # fmt: skip
+    assert chunks[0].choices[0].text == "Once upon"
+    assert "".join(c.choices[0].text for c in chunks) == "Once upon" + expected_text(3)
+    ids = client(srv).completions.create(model="fake-model", prompt=[BOS, 104, 105], max_tokens=1, echo=True, n=2)
+    assert [c.text for c in ids.choices] == ["hi" + expected_text(1)] * 2
+    with pytest.raises(openai.BadRequestError) as info:
+        client(srv).completions.create(model="fake-model", prompt="x", max_tokens=1, echo=True, logprobs=1)
+    assert "logprobs" in str(info.value)
+
+
+def test_infill_answers_in_llama_cpps_shape(srv: RunningServer) -> None:
+    srv.engine.specials.update(FIM)
+    body = {"input_prefix": "ab", "input_suffix": "cd", "prompt": "e", "n_predict": 4}
+    status, raw = post(srv, "/infill", body)
+    assert status == 200, raw
+    answer = json.loads(raw)
+    assert answer["content"] == expected_text(4) and answer["stop"] is True and answer["stop_type"] == "limit"
+    assert answer["tokens_predicted"] == 4 and answer["tokens_evaluated"] == 9 and answer["model"] == "fake-model"
+    # BOS (the fake engine adds one), then the prefix, the prompt, the suffix and the middle token
+    assert list(srv.engine.requests[-1].prompt_ids) == [BOS, 300, *b"ab", *b"e", 301, *b"cd", 302]
+    stopped = json.loads(post(srv, "/infill", {**body, "stop": [" world"]})[1])
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == " world"
+    assert stopped["content"] == "Hello,"
+
+
+def test_infill_streams_content_chunks_then_the_totals(srv: RunningServer) -> None:
+    srv.engine.specials.update(FIM)
+    body = {"input_prefix": "ab", "input_suffix": "cd", "n_predict": 3, "stream": True}
+    status, raw = post(srv, "/infill", body)
+    assert status == 200
+    lines = [line for line in raw.decode().split("\n") if line]
+    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    assert all(line.startswith("data: {") for line in lines)  # no [DONE], as llama.cpp's /infill
+    assert "".join(e["content"] for e in events) == expected_text(3)
+    assert [e["stop"] for e in events] == [False] * (len(events) - 1) + [True]
+    assert events[-1]["tokens_predicted"] == 3 and events[-1]["stop_type"] == "limit"
+
+
+def test_infill_without_fim_tokens_or_with_bad_fields_is_400(srv: RunningServer) -> None:
+    status, raw = post(srv, "/infill", {"input_prefix": "a", "input_suffix": "b"})
+    assert status == 400 and "cannot infill" in json.loads(raw)["error"]["message"]
+    srv.engine.specials.update(FIM)
+    status, raw = post(srv, "/infill", {"input_prefix": "a"})
+    assert status == 400 and json.loads(raw)["error"]["param"] == "input_suffix"
+    assert srv.engine.requests == []
