@@ -19,9 +19,12 @@ obs-fold or a control character, Content-Length together with Transfer-Encoding,
 that does not fit in 64 bits, and request trailer fields are answered 400 and the connection
 closed; chunk extensions are ignored (RFC 9112 7.1.1). An HTTP version other than 1.x (an HTTP/2
 preface, `HTTP/0.9`) gets 505.
+A request rejected here after its head was read is answered in Anthropic's error envelope under
+/v1/messages (as the routes answer there), in OpenAI's elsewhere.
 Policy: a response that ends before the body was read drains the rest of the body (or closes, if
 the client still waits for 100-continue); EOF from the client counts as a disconnect.
-Imports: h11, asyncio, the stdlib, zinc.server.{config, error_table, exchange}.
+Imports: h11, orjson, asyncio, the stdlib, zinc.server.{anthropic_response, config, error_table,
+exchange}.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ from collections.abc import Awaitable, Callable
 from typing import cast
 
 import h11
+import orjson
 
+from zinc.server.anthropic_response import error_body, is_anthropic_path
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import (
     BadHttpRequestError,
@@ -354,7 +359,11 @@ class HttpProtocol(asyncio.Protocol):
         can_answer = self._conn.our_state in (h11.IDLE, h11.SEND_RESPONSE)
         if can_answer and (exchange is None or not exchange.response_started):
             self._keep_alive = False
-            status, body = error_json(error)
+            if exchange is not None and is_anthropic_path(exchange.request.path):
+                status, payload = error_body(error)  # Anthropic's envelope under its paths (413, 408, ...)
+                body = orjson.dumps(payload)
+            else:
+                status, body = error_json(error)
             headers = [("content-type", "application/json"), ("content-length", str(len(body)))]
             self.send_head(status, headers)
             self._send(h11.Data(data=body))
