@@ -15,6 +15,11 @@ test *ARGS:
 test-sizes *ARGS:
     .venv/bin/python -m pytest --sizes -m sizes {{ARGS}}
 
+# The fuzz tier: hostile request bytes and JSON bodies against a running server (minutes;
+# ZINC_FUZZ_EXAMPLES cases per test, 2,000 by default)
+test-fuzz *ARGS:
+    .venv/bin/python -m pytest --fuzz -m fuzz {{ARGS}}
+
 # ruff, mypy --strict and the import-linter contracts
 lint:
     bash scripts/lint

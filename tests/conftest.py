@@ -45,14 +45,18 @@ KERNEL_FORMS = [
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sizes", action="store_true", help="run the sizes tier (real-shape models, `-m sizes`)")
+    parser.addoption("--fuzz", action="store_true", help="run the fuzz tier (tests/fuzz, minutes; `-m fuzz`)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.getoption("--sizes"):  # the sizes tier is deselected, not skipped: it is opt-in
-        tier = [item for item in items if item.get_closest_marker("sizes")]
+    # the sizes and fuzz tiers are deselected, not skipped: they are opt-in
+    for marker in ("sizes", "fuzz"):
+        if config.getoption(f"--{marker}"):
+            continue
+        tier = [item for item in items if item.get_closest_marker(marker)]
         if tier:
             config.hook.pytest_deselected(items=tier)
-            items[:] = [item for item in items if not item.get_closest_marker("sizes")]
+            items[:] = [item for item in items if not item.get_closest_marker(marker)]
 
 
 def vulkan_verdict(devices: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, str] | None:
