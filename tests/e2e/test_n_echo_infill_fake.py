@@ -59,10 +59,10 @@ def test_chat_n_3_gives_three_choices_by_index_and_usage_counts_the_prompt_once(
 
 def test_streamed_chat_n_2_chunks_carry_their_choice(srv: RunningServer) -> None:
     stream = client(srv).chat.completions.create(
-        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, stream=True,  # type: ignore[list-item]
+        model="fake-model", messages=[{"role": "user", "content": "hi"}], max_tokens=3, n=2, stream=True,
         stream_options={"include_usage": True},
     )  # fmt: skip
-    texts, roles, finishes = ["", ""], [0, 0], [None, None]
+    texts, roles, finishes = ["", ""], [0, 0], [str(None), str(None)]
     usage = None
     for chunk in stream:
         if chunk.usage is not None:
@@ -70,7 +70,7 @@ def test_streamed_chat_n_2_chunks_carry_their_choice(srv: RunningServer) -> None
         for choice in chunk.choices:
             texts[choice.index] += choice.delta.content or ""
             roles[choice.index] += choice.delta.role == "assistant"
-            finishes[choice.index] = choice.finish_reason or finishes[choice.index]
+            finishes[choice.index] = str(choice.finish_reason or finishes[choice.index])
     assert texts == [expected_text(3)] * 2 and roles == [1, 1] and finishes == ["length", "length"]
     assert usage is not None and usage.completion_tokens == 6
 

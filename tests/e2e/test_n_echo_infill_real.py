@@ -1,0 +1,132 @@
+"""`n` > 1 and `echo` end to end with the real SmolLM2 on the CPU, through the HTTP server and the
+`openai` SDK (issue 39): the choices are decoded together and the prompt is prefilled once for
+all of them (the others prefill only its last page's tokens); greedy choices are identical and
+equal to n = 1's; with a `seed`, choice i samples exactly as a lone request with seed + i does,
+so the choices are reproducible and differ. SmolLM2 has no FIM tokens: /infill is a 400."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.server_harness import RunningServer
+from zinc.compiler.build import ensure_artifact
+from zinc.engine.engine import LocalEngine
+from zinc.model.gguf_file import open_gguf
+from zinc.runtime.device import resolve_device
+from zinc.runtime.session import ModelSession
+from zinc.tokenizer import ChatTemplate, Tokenizer
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+CONTEXT = 512
+PAGE = 16
+
+
+class Counting:
+    """Counts the prompt tokens the scheduler runs through the model (every kind of prefill)."""
+
+    def __init__(self, session: ModelSession) -> None:
+        self.tokens = 0
+        for name in ("prefill_slots", "prefill_rows"):
+            setattr(session, name, self._wrap(getattr(session, name), lambda a: len(a[0])))
+        session.prefill_packed = self._wrap(session.prefill_packed, lambda a: sum(len(j[0]) for j in a[0]))  # type: ignore[method-assign]
+
+    def _wrap(self, call: Any, count: Any) -> Any:
+        def counted(*args: Any) -> Any:
+            self.tokens += count(args)
+            return call(*args)
+
+        return counted
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2: Path) -> Iterator[LocalEngine]:
+    spec = resolve_device("cpu")
+    session = ModelSession(ensure_artifact(smollm2, "cpu"), smollm2, spec, CONTEXT, kv_slots=4 * CONTEXT + 64)
+    meta = open_gguf(smollm2).metadata
+    tokenizer = Tokenizer.from_metadata(meta)
+    eng = LocalEngine(session, tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2", parallel=4)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def counting(engine: LocalEngine) -> Counting:
+    return Counting(engine.session)
+
+
+@pytest.fixture(scope="module")
+def srv(engine: LocalEngine) -> Iterator[RunningServer]:
+    running = RunningServer(engine, parallel=4)  # type: ignore[arg-type]
+    yield running
+    running.stop()
+
+
+def client(srv: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=300)
+
+
+def texts(choices: Sequence[Any]) -> list[str]:
+    assert [c.index for c in choices] == list(range(len(choices)))
+    return [c.text if hasattr(c, "text") else c.message.content for c in choices]
+
+
+def test_greedy_n_3_prefills_once_and_gives_n_1s_answer_three_times(
+    srv: RunningServer, engine: LocalEngine, counting: Counting
+) -> None:
+    messages: Any = [{"role": "user", "content": "Name three colors of the rainbow, please."}]
+    prompt_tokens = len(engine.tokenize(engine.apply_chat_template(messages), parse_special=True))
+    before = counting.tokens
+    three = client(srv).chat.completions.create(model="smollm2", messages=messages, max_tokens=12, n=3)
+    tail = prompt_tokens - (prompt_tokens - 1) // PAGE * PAGE  # the tokens of the prompt's last page
+    assert counting.tokens - before == prompt_tokens + 2 * tail
+    assert three.usage is not None and three.usage.prompt_tokens == prompt_tokens
+    one = client(srv).chat.completions.create(model="smollm2", messages=messages, max_tokens=12)
+    assert texts(three.choices) == texts(one.choices) * 3 and one.choices[0].message.content
+    assert three.usage.completion_tokens == 3 * (one.usage.completion_tokens if one.usage else 0)
+
+
+def test_seeded_choices_are_reproducible_distinct_and_each_a_lone_seed_plus_i(srv: RunningServer) -> None:
+    c = client(srv)
+    prompt = "My favourite animal is"
+    ask: Any = {"model": "smollm2", "prompt": prompt, "max_tokens": 10, "temperature": 1.0}
+    first = texts(c.completions.create(**ask, n=3, seed=7).choices)
+    again = texts(c.completions.create(**ask, n=3, seed=7).choices)
+    assert first == again
+    assert len(set(first)) > 1
+    alone = [texts(c.completions.create(**ask, seed=7 + i).choices)[0] for i in range(3)]
+    assert alone == first
+
+
+def test_streamed_n_2_equals_the_whole_answer(srv: RunningServer) -> None:
+    c = client(srv)
+    ask: Any = {"model": "smollm2", "prompt": "The sun rises in the", "max_tokens": 8, "n": 2}
+    whole = texts(c.completions.create(**ask).choices)
+    streamed = ["", ""]
+    for chunk in c.completions.create(**ask, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == whole
+
+
+def test_echo_returns_the_prompt_and_then_the_same_completion(srv: RunningServer) -> None:
+    c = client(srv)
+    prompt = "The capital of France is"
+    plain = c.completions.create(model="smollm2", prompt=prompt, max_tokens=6).choices[0].text
+    echoed = c.completions.create(model="smollm2", prompt=prompt, max_tokens=6, echo=True).choices[0].text
+    assert echoed == prompt + plain
+
+
+def test_infill_on_a_model_without_fim_tokens_is_a_400(srv: RunningServer) -> None:
+    body = json.dumps({"input_prefix": "def f():", "input_suffix": "\n"}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{srv.port}/infill", body, {"content-type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=30)
+    assert info.value.code == 400 and "cannot infill" in json.loads(info.value.read())["error"]["message"]
