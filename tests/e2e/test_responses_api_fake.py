@@ -83,7 +83,8 @@ def test_create_cut_by_max_output_tokens(client: openai.OpenAI, srv: RunningServ
     assert out.output_text == expected_text(5)
     assert out.status == "incomplete" and out.incomplete_details is not None
     assert out.incomplete_details.reason == "max_output_tokens"
-    assert [(item.type, item.status) for item in out.output] == [("message", "incomplete")]
+    items: Any = out.output
+    assert [(item.type, item.status) for item in items] == [("message", "incomplete")]
     assert out.metadata == {"who": "test"} and out.max_output_tokens == 5
     assert out.store is False  # type: ignore[attr-defined]
     prompt = srv.engine.apply_chat_template([{"role": "user", "content": "hi"}])
@@ -234,7 +235,7 @@ def test_tool_call_streamed(tools_srv: RunningServer) -> None:
     deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
     assert len(deltas) > 2 and all(e.output_index == 1 and e.item_id == call.id for e in deltas)
     assert "".join(e.delta for e in deltas) == call.arguments
-    kinds = [e.type for e in events]
+    kinds: list[str] = [e.type for e in events]
     tail = ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
     assert kinds[-3:] == tail
     assert kinds.index("response.output_item.added", kinds.index(TEXT_DONE[-1])) < kinds.index(deltas[0].type)
@@ -247,7 +248,7 @@ def test_tool_choice_maps_onto_the_chat_path(tools_srv: RunningServer) -> None:
         ({"type": "function", "name": "get_time"}, True),
         ("auto", False),
     ):
-        client.responses.create(model=MODEL, input="hi", tools=[TOOL], tool_choice=choice)  # type: ignore[arg-type]
+        client.responses.create(model=MODEL, input="hi", tools=[TOOL], tool_choice=choice)  # type: ignore[call-overload]
         assert (tools_srv.engine.requests[-1].grammar is not None) == forced, choice
     out = client.responses.create(model=MODEL, input="hi", tools=[TOOL], tool_choice="none")
     assert [item.type for item in out.output] == ["message"]
@@ -259,7 +260,7 @@ def test_text_format_json_schema(client: openai.OpenAI, srv: RunningServer) -> N
     text: Any = {"format": {"type": "json_schema", "name": "number", "schema": schema, "strict": True}}
     out = client.responses.create(model=MODEL, input="hi", max_output_tokens=2, text=text)
     assert srv.engine.requests[-1].grammar is not None  # the fake engine ignores it; llguidance is real
-    assert out.text is not None and out.text.format.type == "json_schema"
+    assert out.text is not None and out.text.format is not None and out.text.format.type == "json_schema"
     with pytest.raises(openai.BadRequestError) as caught:
         bad: Any = {
             "format": {"type": "json_schema", "name": "x", "schema": {"type": "object", "minProperties": "2"}}
@@ -329,6 +330,8 @@ def test_previous_response_id_is_refused_and_nothing_is_stored(
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
     assert not srv.engine.sessions  # no KV pages kept either, unless a session_id asks
+    client.responses.create(model=MODEL, input="hi", max_output_tokens=2, extra_body={"session_id": "s1"})
+    assert set(srv.engine.sessions) == {"s1"} and srv.engine.release_session("s1")
 
 
 def test_queue_full_and_mid_stream_failure() -> None:

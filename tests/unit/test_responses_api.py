@@ -128,6 +128,7 @@ def test_reasoning_effort_is_the_thinking_switch(effort: Any, kwargs: Any) -> No
         ({"input": [{"type": "reasoning", "summary": []}]}, "input"),
         ({"input": ["hi"]}, "input[0]"),
         ({"input": [{"role": "tool", "content": "x"}]}, "input[0].role"),
+        ({"input": [{"role": ["user"], "content": "x"}]}, "input[0].role"),
         ({"input": [{"role": "user", "content": [{"text": "x"}]}]}, "input[0].content[0]"),
         ({"input": [{"role": "user", "content": [{"type": "input_text", "text": 1}]}]}, "input[0].content[0].text"),
         ({"input": [{**CALL, "arguments": {"a": 1}}]}, "input[0].arguments"),

@@ -41,9 +41,9 @@ ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develope
 TEXT_PARTS = ("input_text", "output_text", "refusal")
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = ("auto", "concise", "detailed")
-STORED_ONLY = {
-    "previous_response_id": "previous_response_id",
-    "conversation": "a conversation",
+STORED_ONLY = {  # fields that continue what a server stored, and what they would continue
+    "previous_response_id": "an earlier response",
+    "conversation": "a stored conversation",
 }
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 
@@ -137,7 +137,8 @@ def _item(messages: list[Json], where: str, item: Any) -> None:
         raise InvalidRequestError(f"'{where}' must be an object.", param=where)
     kind = item.get("type", "message" if "role" in item else None)
     if kind == "message":
-        role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+        role = item.get("role")
+        role = ROLES.get(role) if isinstance(role, str) else None
         if role is None:
             param = f"{where}.role"
             raise InvalidRequestError(
@@ -242,7 +243,7 @@ def _tool_choice(choice: Any, functions: list[Json]) -> tuple[Any, list[Json]]:
                 "'tool_choice' allowed_tools needs 'mode' ('auto' or 'required') and an array 'tools'.",
                 param="tool_choice",
             )
-        names = {t.get("name") for t in allowed if isinstance(t, dict) and t.get("type") == "function"}
+        names = [t.get("name") for t in allowed if isinstance(t, dict) and t.get("type") == "function"]
         return mode, [f for f in functions if f["function"]["name"] in names]
     raise InvalidRequestError(
         "'tool_choice' must be 'none', 'auto', 'required', {'type': 'function', 'name': ...} or allowed_tools.",
