@@ -1,11 +1,25 @@
 """Token sampling from logits on the host, and the per-request sampling parameters.
 
-Owns: `SamplingParams` (OpenAI / llama.cpp names, already validated) and `Sampler`, which
-applies logit bias, repetition/presence/frequency penalties, temperature, top-k, min-p and top-p,
-then draws from a seeded generator. Greedy decoding never needs the logits: the device computes
-the argmax, so `Sampler.needs_logits` is False for plain greedy requests. `sample` also takes an
-optional boolean `allowed` mask (constrained decoding): disallowed tokens are removed after the
-penalties and before temperature and the truncations, so greedy is the argmax over what is allowed.
+Owns: `SamplingParams` (OpenAI / llama.cpp names, already validated) and `Sampler`. Per token,
+in this order:
+1. `adjust`: each `logit_bias` is added to its token's logit; then the penalties, counted over
+   the last `PENALTY_LAST_N` tokens of the sequence (prompt and generated, as llama.cpp's server
+   counts them with its default `repeat_last_n` of 64): `repeat_penalty` divides a positive logit
+   of a token seen there and multiplies a negative one, then `frequency_penalty` x its count and
+   `presence_penalty` (once) are subtracted from it.
+2. the optional boolean `allowed` mask (constrained decoding) removes disallowed tokens.
+3. temperature 0 is greedy: the argmax of what is left. Otherwise the logits are divided by the
+   temperature and softmaxed;
+4. top-k keeps the k most likely tokens (ties by lower id) and renormalizes;
+5. top-p and min-p both judge that distribution: a token stays if it is in the smallest prefix,
+   most likely first, whose probabilities sum to at least top_p, and its probability is at least
+   min_p times the most likely one's (the same as top-p, then min-p on what top-p kept);
+6. one draw from what stays, renormalized, with the request's seeded generator (one draw per
+   token, so a seed gives the same tokens on every run).
+Unlike llama.cpp's default chain, which divides by the temperature last (after top-p and min-p
+judged the untempered distribution), temperature comes first here, as in Hugging Face transformers
+and vLLM. Greedy decoding never needs the logits: the device computes the argmax, so
+`Sampler.needs_logits` is False for plain greedy requests.
 `token_logprobs` computes the model's log-probabilities (log-softmax of the raw logits) of the
 chosen token and the top alternatives, only for requests that ask for them.
 Imports: numpy only.
@@ -21,6 +35,7 @@ from typing import Any
 import numpy as np
 
 F32 = np.ndarray[Any, np.dtype[np.float32]]
+PENALTY_LAST_N = 64  # the penalties count this many of the sequence's last tokens (llama.cpp's default)
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
 
@@ -55,14 +70,16 @@ class Sampler:
             or p.repeat_penalty != 1.0
         )
 
-    def _adjust(self, logits: F32, history: Sequence[int]) -> F32:
+    def adjust(self, logits: F32, history: Sequence[int]) -> F32:
+        """The logits after the logit bias and the penalties (step 1 above), as a new array;
+        `history` is the sequence so far (prompt and generated tokens), oldest first."""
         p = self.p
         x = logits.astype(np.float32, copy=True)
         for tok, bias in p.logit_bias.items():
             if 0 <= tok < x.size:
                 x[tok] += bias
         if history and (p.repeat_penalty != 1.0 or p.presence_penalty or p.frequency_penalty):
-            counts = Counter(history)
+            counts = Counter(history[-PENALTY_LAST_N:])
             ids = np.fromiter(counts.keys(), dtype=np.int64)
             ids = ids[(ids >= 0) & (ids < x.size)]
             if p.repeat_penalty != 1.0:  # llama.cpp: divide positive logits, multiply negative ones
@@ -73,7 +90,7 @@ class Sampler:
         return x
 
     def sample(self, logits: F32, history: Sequence[int] = (), allowed: BoolArray | None = None) -> int:
-        x = self._adjust(logits, history)
+        x = self.adjust(logits, history)
         if allowed is not None:
             n = min(allowed.size, x.size)
             if not allowed[:n].any():
