@@ -36,7 +36,8 @@ class Counting:
         self.tokens = 0
         for name in ("prefill_slots", "prefill_rows"):
             setattr(session, name, self._wrap(getattr(session, name), lambda a: len(a[0])))
-        session.prefill_packed = self._wrap(session.prefill_packed, lambda a: sum(len(j[0]) for j in a[0]))  # type: ignore[method-assign]
+        packed = self._wrap(session.prefill_packed, lambda a: sum(len(j[0]) for j in a[0]))
+        session.prefill_packed = packed
 
     def _wrap(self, call: Any, count: Any) -> Any:
         def counted(*args: Any) -> Any:
