@@ -299,6 +299,20 @@ def test_reasoning_items() -> None:
         running.stop()
 
 
+def test_logprobs_when_included(client: openai.OpenAI) -> None:
+    asked: Any = {"include": ["message.output_text.logprobs"], "top_logprobs": 2}
+    out = client.responses.create(model=MODEL, input="hi", max_output_tokens=3, **asked)
+    items: Any = out.output
+    logprobs = items[0].content[0].logprobs
+    assert [(t.token, t.logprob) for t in logprobs] == [("Hello", 0.0), (",", -0.25), (" world", -0.5)]
+    assert [len(t.top_logprobs) for t in logprobs] == [2, 2, 2] and logprobs[0].bytes == list(b"Hello")
+    events = list(client.responses.create(model=MODEL, input="hi", max_output_tokens=3, stream=True, **asked))
+    deltas: Any = [e for e in events if e.type == "response.output_text.delta"]
+    assert [t.token for e in deltas for t in e.logprobs] == ["Hello", ",", " world"]
+    plain: Any = client.responses.create(model=MODEL, input="hi", max_output_tokens=3).output
+    assert plain[0].content[0].logprobs == []
+
+
 # ---- errors, storage, authentication
 
 

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from zinc.engine.tool_calls import ToolCallDelta
-from zinc.engine.types import Usage
+from zinc.engine.types import TokenLogprob, TopLogprob, Usage
 from zinc.errors import InvalidRequestError, QueueFullError
 from zinc.server.openai_response import Output
 from zinc.server.responses_request import parse_responses
@@ -155,6 +155,8 @@ def test_reasoning_effort_is_the_thinking_switch(effort: Any, kwargs: Any) -> No
         ({"text": {"format": {"type": "json_object"}}, "tools": [TOOL], "tool_choice": "required"}, "text.format"),
         ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"reasoning": {"summary": "long"}}, "reasoning.summary"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"include": "message.output_text.logprobs"}, "include"),
     ],
 )  # fmt: skip
 def test_bad_requests_name_their_param(body: Any, param: str) -> None:
@@ -162,6 +164,13 @@ def test_bad_requests_name_their_param(body: Any, param: str) -> None:
         parse(**body)
     assert caught.value.param == param
     assert ".function." not in caught.value.message  # the flat tool shape's names
+
+
+def test_logprobs_when_included() -> None:
+    included = parse(include=["message.output_text.logprobs"], top_logprobs=3)
+    assert included.chat.common.logprobs == 3 and included.echo["top_logprobs"] == 3
+    assert parse(include=["message.output_text.logprobs"]).chat.common.logprobs == 0
+    assert parse(top_logprobs=3, include=["reasoning.encrypted_content"]).chat.common.logprobs is None
 
 
 def test_previous_response_id_says_why() -> None:
@@ -221,6 +230,24 @@ def test_empty_whitespace_and_cut_short_outputs() -> None:
     output, events = items_of(Output(content="x"), Output(tool_calls=[cut]), status="incomplete")
     assert [item["status"] for item in output] == ["completed", "incomplete"]
     assert events[-1]["item"]["status"] == "incomplete" and output[1]["arguments"] == '{"a": "unfin'
+
+
+def test_logprobs_go_with_the_message_text() -> None:
+    def lp(token: str) -> TokenLogprob:
+        return TokenLogprob(token, token.encode(), -0.5, (TopLogprob(token, token.encode(), -0.5),))
+
+    output, events = items_of(
+        Output(reasoning="r", logprobs=[lp("r")]), Output(content=" ", logprobs=[lp(" ")]),
+        Output(content="a", logprobs=[lp("a")]), Output(content="b", logprobs=[lp("b")]),
+    )  # fmt: skip
+    part = output[1]["content"][0]
+    assert part["text"] == " ab" and [t["token"] for t in part["logprobs"]] == [" ", "a", "b"]
+    assert part["logprobs"][0] == {"token": " ", "logprob": -0.5, "bytes": [32],
+                                   "top_logprobs": [{"token": " ", "logprob": -0.5, "bytes": [32]}]}  # fmt: skip
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [[t["token"] for t in e["logprobs"]] for e in deltas] == [[" ", "a"], ["b"]]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == part["logprobs"]
 
 
 def test_response_object_usage_and_stream_framing() -> None:

@@ -112,7 +112,7 @@ class Run:
         answering = False
         while event is not None:
             generated += len(event.token_ids)
-            out = self.parser.feed(event.text)
+            out = self.parser.feed(event.text, event.logprobs)
             answering = answering or bool(out.content.strip() or out.tool_calls)
             if not answering:
                 before_answer += len(event.token_ids)

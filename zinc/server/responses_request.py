@@ -12,7 +12,8 @@ them (with chat's extras `top_k`, `min_p`, `seed`, penalties, `logit_bias` and `
 `tools` (the flat function shape: `name`, `description`, `parameters`) and `tool_choice`
 (`none`, `auto`, `required`, `{"type": "function", "name"}`, `allowed_tools`) become the chat
 path's function tools; `text.format` (`json_schema`, `json_object`) the llguidance grammar;
-`reasoning.effort` the template's `enable_thinking` (`none`: off; any other effort: on).
+`reasoning.effort` the template's `enable_thinking` (`none`: off; any other effort: on);
+`top_logprobs` with `include: ["message.output_text.logprobs"]` the chat path's logprobs.
 Nothing is stored: `store` is accepted and the response says `store: false`; a
 `previous_response_id`, a `conversation` or an `item_reference` (which need stored responses),
 `background` and `prompt` templates are a 400 that says so. `metadata` is checked (at most 16
@@ -29,7 +30,7 @@ from typing import Any
 from zinc.engine.grammars import json_object_grammar, json_schema_grammar
 from zinc.engine.types import Grammar
 from zinc.errors import InvalidRequestError
-from zinc.server.openai_features import ToolParams, parse_tools
+from zinc.server.openai_features import MAX_TOP_LOGPROBS, ToolParams, parse_tools
 from zinc.server.openai_request import ChatParams, _parse_common
 
 Json = dict[str, Any]
@@ -45,6 +46,7 @@ STORED_ONLY = {  # fields that continue what a server stored, and what they woul
     "previous_response_id": "an earlier response",
     "conversation": "a stored conversation",
 }
+LOGPROBS = "message.output_text.logprobs"  # the `include` entry that asks for them
 METADATA_PAIRS, METADATA_KEY, METADATA_VALUE = 16, 64, 512
 
 
@@ -69,7 +71,7 @@ def parse_responses(payload: Json) -> ResponsesParams:
         raise InvalidRequestError(
             "'text.format' cannot be combined with a forced 'tool_choice'.", param="text.format"
         )
-    common = replace(common, grammar=grammar)
+    common = replace(common, grammar=grammar, logprobs=_logprobs(payload))
     instructions = payload.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise InvalidRequestError("'instructions' must be a string.", param="instructions")
@@ -88,6 +90,7 @@ def parse_responses(payload: Json) -> ResponsesParams:
         "text": {"format": text_format},
         "tool_choice": payload.get("tool_choice") or ("auto" if tools.tools else "none"),
         "tools": _echo_tools(tools),
+        "top_logprobs": payload.get("top_logprobs"),
         "top_p": common.sampling.top_p,
         "truncation": "disabled",
     }
@@ -112,9 +115,20 @@ def _refuse_stored(payload: Json) -> None:
         )
     if payload.get("prompt") is not None:
         raise InvalidRequestError("'prompt' templates are not supported by this server.", param="prompt")
+
+
+def _logprobs(payload: Json) -> int | None:
+    """None, or how many alternatives each output token's logprob carries (`top_logprobs`); the
+    logprobs are returned when `include` asks for `message.output_text.logprobs`."""
     include = payload.get("include")
     if include is not None and not (isinstance(include, list) and all(isinstance(s, str) for s in include)):
         raise InvalidRequestError("'include' must be an array of strings.", param="include")
+    top = payload.get("top_logprobs")
+    if top is not None and (not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS):
+        raise InvalidRequestError(
+            f"'top_logprobs' must be an integer from 0 to {MAX_TOP_LOGPROBS}.", param="top_logprobs"
+        )
+    return (top or 0) if LOGPROBS in (include or ()) else None
 
 
 def _input(value: Any) -> list[Json]:

@@ -8,7 +8,8 @@ streamed and whole responses say the same thing: a `reasoning` item (one `reason
 (`response.function_call_arguments.delta`/`.done`), each opened by `response.output_item.added`
 (and `response.content_part.added`) and closed by `response.content_part.done` and
 `response.output_item.done`. Whitespace between items (after a tool call) opens no message; a
-response with no item at all gets one message with the text there is. The item a cut-short
+response with no item at all gets one message with the text there is. The message's tokens carry
+their `logprobs` (in its part and its deltas) when the request asked for them. The item a cut-short
 generation leaves open is `incomplete`, the others `completed`. Also: the Response object, its
 `usage` (with `cached_tokens` and `reasoning_tokens`), and SSE framing with `event:` lines and
 `sequence_number`s (`EventStream`), including a failure mid-stream (`error`, then
@@ -27,7 +28,7 @@ import orjson
 
 from zinc.engine.types import Usage
 from zinc.server.error_table import describe
-from zinc.server.openai_response import Output
+from zinc.server.openai_response import Output, chat_logprobs_json
 
 Json = dict[str, Any]
 PARTS = {"message": "output_text", "reasoning": "reasoning_text"}  # item type -> its one part's type
@@ -101,13 +102,14 @@ class OutputItems:
         self.output: list[Json] = []
         self._open: Json | None = None  # the item events are being sent for
         self._space = ""  # whitespace not yet known to start a message
+        self._space_logprobs: list[Json] = []  # the logprobs of its tokens
 
     def feed(self, out: Output) -> list[Json]:
         events: list[Json] = []
         if out.reasoning:
             self._add(events, "reasoning", out.reasoning)
         if out.content:
-            self._text(events, out.content)
+            self._text(events, out.content, chat_logprobs_json(out.logprobs)["content"])
         for call in out.tool_calls:
             if call.id is not None:
                 item = {"id": new_id("fc"), "type": "function_call", "status": "in_progress",
@@ -122,19 +124,27 @@ class OutputItems:
         """The end: close the open item with `status` (`completed` or `incomplete`)."""
         events: list[Json] = []
         if not self.output:
-            self._add(events, "message", self._space, force=True)
+            self._add(events, "message", self._space, self._space_logprobs, force=True)
         self._stop(events, status)
         return events
 
-    def _text(self, events: list[Json], text: str) -> None:
+    def _text(self, events: list[Json], text: str, logprobs: list[Json]) -> None:
         if self._open is None or self._open["type"] != "message":
             text, self._space = self._space + text, ""
+            logprobs, self._space_logprobs = self._space_logprobs + logprobs, []
             if not text.strip():
-                self._space = text  # wait: whitespace alone opens no message
+                self._space, self._space_logprobs = text, logprobs  # wait: whitespace alone opens no message
                 return
-        self._add(events, "message", text)
+        self._add(events, "message", text, logprobs)
 
-    def _add(self, events: list[Json], kind: str, text: str, force: bool = False) -> None:
+    def _add(
+        self,
+        events: list[Json],
+        kind: str,
+        text: str,
+        logprobs: list[Json] | None = None,
+        force: bool = False,
+    ) -> None:
         if self._open is None or self._open["type"] != kind:
             item: Json = {
                 "id": new_id("msg" if kind == "message" else "rs"),
@@ -155,7 +165,10 @@ class OutputItems:
         assert self._open is not None
         if text or not force:
             self._open["content"][0]["text"] += text
-            extra: Json = {"logprobs": []} if kind == "message" else {}
+            extra: Json = {}
+            if kind == "message":
+                extra["logprobs"] = logprobs or []
+                self._open["content"][0]["logprobs"].extend(extra["logprobs"])
             events.append(self._event(f"response.{PARTS[kind]}.delta", content_index=0, delta=text, **extra))
 
     def _start(self, events: list[Json], item: Json) -> None:
@@ -177,7 +190,7 @@ class OutputItems:
             events.append(self._event("response.function_call_arguments.done", arguments=item["arguments"]))
         else:
             part = item["content"][0]
-            extra: Json = {"logprobs": []} if item["type"] == "message" else {}
+            extra: Json = {"logprobs": part["logprobs"]} if item["type"] == "message" else {}
             events.append(
                 self._event(f"response.{part['type']}.done", content_index=0, text=part["text"], **extra)
             )
