@@ -11,7 +11,8 @@ Chat requests render their active `tools` through the template, and their output
 an `OutputParser` (reasoning split, tool calls; finish reason "tool_calls" when a call was
 made); a forced `tool_choice` or a `response_format` becomes the request's grammar.
 `prepare_chat` and `generation` are that path in two steps, for the Anthropic Messages API
-(zinc.server.anthropic_api) to run the same way with its own response shapes. A request with
+(zinc.server.anthropic_api) and the OpenAI Responses API (zinc.server.responses_api) to run the
+same way with their own response shapes. A request with
 `n` > 1 choices takes `n` admission slots at once (at most `--parallel`) and is answered by
 zinc.server.choices.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
