@@ -61,6 +61,20 @@ class Soak:
     peak_rss_kib: int = 0
     elapsed_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
+    hold: Hold | None = None
+
+
+@dataclass
+class Hold:
+    """`--hold N`: N idle connections opened at once, past the server's connection cap."""
+
+    opened: int
+    held: int  # kept open by the server
+    refused: int  # answered 503 and closed at once
+    other: int  # neither (closed without an answer, reset)
+    fds_held: int  # the server's fds while they were open
+    fds_after: int  # and once they were closed
+    health_ms: list[float] = field(default_factory=list)  # /health on a connection opened before them
 
 
 def free_port() -> int:
@@ -210,6 +224,44 @@ class Client:
         self.sock = self.file = None
 
 
+def hold(port: int, pid: int, n: int) -> Hold:
+    """Open `n` idle connections at once (past the cap, the server answers 503 and closes) and
+    time `/health` on a keep-alive connection opened before them."""
+    health = socket.create_connection(("127.0.0.1", port), timeout=30)
+    health_file = health.makefile("rb")
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=30))
+        fds_held = settled_fds(pid)
+        times = []
+        for _ in range(20):
+            started = time.perf_counter()
+            health.sendall(b"GET /health HTTP/1.1\r\nHost: soak\r\n\r\n")
+            assert read_response(health_file)[0] == 200
+            times.append((time.perf_counter() - started) * 1000)
+        held = refused = other = 0
+        for sock in idle:
+            sock.setblocking(False)
+            try:
+                data = sock.recv(64)
+            except BlockingIOError:
+                held += 1
+                continue
+            except OSError:
+                data = b""
+            if data.startswith(b"HTTP/1.1 503"):
+                refused += 1
+            else:
+                other += 1
+    finally:
+        for sock in idle:
+            sock.close()
+        health_file.close()
+        health.close()
+    return Hold(n, held, refused, other, fds_held, 0, sorted(times))
+
+
 def start_server(args: argparse.Namespace, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env.setdefault("ZINC_CACHE", str(ROOT / ".zinc-cache"))  # the tests' compile cache, if it is there
@@ -267,6 +319,9 @@ def soak(args: argparse.Namespace) -> Soak:
         final_fds = settled_fds(proc.pid, target=result.baseline.fds)
         result.final = Sample(args.requests, result.elapsed_s, rss_kib(proc.pid), final_fds)
         result.statuses = {str(k): v for k, v in sorted(statuses.items())}
+        if args.hold:
+            result.hold = hold(port, proc.pid, args.hold)
+            result.hold.fds_after = settled_fds(proc.pid, target=result.baseline.fds)
         result.peak_rss_kib = max(
             [result.baseline.rss_kib, result.final.rss_kib] + [s.rss_kib for s in result.samples]
         )
@@ -290,7 +345,12 @@ def report(result: Soak) -> str:
         f"RSS   {b.rss_kib / 1024:8.1f} MiB before  {f.rss_kib / 1024:8.1f} MiB after  "
         f"({(f.rss_kib - b.rss_kib) / 1024:+.1f} MiB; peak {result.peak_rss_kib / 1024:.1f} MiB)",
         f"fds   {b.fds:8d} before      {f.fds:8d} after      ({f.fds - b.fds:+d})",
-    ])  # fmt: skip
+    ] + ([] if result.hold is None else [
+        f"hold  {result.hold.opened} idle connections: {result.hold.held} held, {result.hold.refused} "
+        f"answered 503, {result.hold.other} other; server fds {result.hold.fds_held} with them, "
+        f"{result.hold.fds_after} after; /health median {result.hold.health_ms[10]:.1f} ms, "
+        f"max {result.hold.health_ms[-1]:.1f} ms",
+    ]))  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-every", type=int, default=500, help="requests between two samples")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--server-log", type=Path, help="the server's output goes here (default: dropped)")
+    parser.add_argument("--hold", type=int, default=0, help="then open this many idle connections at once")
     parser.add_argument("--quiet", action="store_true", help="print only the summary")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.sample_every < 1 or args.max_tokens < 1:

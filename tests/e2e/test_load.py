@@ -4,17 +4,27 @@ Every admitted generation is held at its start (a gate in the fake engine) until
 are in, so they really are concurrent whatever the machine's speed: exactly the excess (64 - 8 -
 16 = 40) get 429 with `Retry-After`, the 24 admitted all complete once the gate opens, none hangs
 (each client's socket has a timeout), and every connection is closed afterwards.
+
+And a flood of idle connections past `max_connections`, in a `serve()` process whose soft limit on
+open files is below that cap: the server raises the limit, so exactly the connections past the cap
+get 503 and `/health` still answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import select
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import orjson
 import pytest
@@ -134,3 +144,72 @@ def test_64_clients_exactly_the_excess_get_429_and_the_rest_complete(srv: Runnin
     assert engine.held == admitted and len(engine.completed) == admitted and engine.aborts == []
     assert health()["queued_requests"] == 0 and health()["active_requests"] == 0
     srv.wait_for_connections(0)
+
+
+FLOOD_SERVER = """
+import sys
+from tests.fakes import FakeEngine
+from zinc.server import ServerConfig, serve
+config = ServerConfig(port=int(sys.argv[1]), max_connections=int(sys.argv[2]), keep_alive_timeout_s=300)
+sys.exit(serve(FakeEngine(), config))
+"""
+
+
+def test_a_connection_flood_past_the_cap_under_a_low_open_file_limit() -> None:
+    """Soft `ulimit -n` 128, `max_connections` 200, 300 idle connections: 199 held besides the
+    one /health uses, 101 answered 503, none dropped unanswered (as past the OS's file limit)."""
+    from tests.e2e.test_sigterm import free_port, wait_until_serving
+
+    cap, flood = 200, 300
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    script = f'ulimit -Sn 128 && exec "{sys.executable}" -c "$0" {port} {cap}'
+    proc = subprocess.Popen(["bash", "-c", script, FLOOD_SERVER], env=env, stderr=subprocess.PIPE)
+    idle: list[socket.socket] = []
+    try:
+        wait_until_serving(proc, port)
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        soft = int(next(line for line in limits.splitlines() if line.startswith("Max open files")).split()[3])
+        assert soft >= cap  # raised from 128
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as health, health.makefile("rb") as f:
+            idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(flood)]
+            answered: set[socket.socket] = set()
+            deadline = time.monotonic() + 60
+            while len(answered) < flood - cap + 1:  # the refused ones are answered at once
+                assert time.monotonic() < deadline, len(answered)
+                readable, _, _ = select.select([s for s in idle if s not in answered], [], [], 1)
+                answered.update(readable)
+            for sock in answered:
+                status, headers, _ = read_response(sock.makefile("rb"))
+                assert status == 503 and headers["retry-after"] == "1"
+            held = [s for s in idle if s not in answered]
+            assert len(held) == cap - 1
+            assert select.select(held, [], [], 0.5)[0] == []  # held open, nothing sent, not closed
+            health.sendall(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert read_response(f)[0] == 200
+    finally:
+        for sock in idle:
+            sock.close()
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and b"Traceback" not in stderr, stderr.decode()
+
+
+def test_open_file_limit_is_raised_to_the_hard_one_or_warned_about() -> None:
+    code = (
+        "import logging, resource\nfrom zinc.server.app import raise_open_file_limit\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "print(raise_open_file_limit(1024), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for limits, expected, warned in (
+        ("-Sn 128 && ulimit -Hn 4096", "4096 4096", False),
+        ("-n 100", "100 100", True),
+    ):
+        script = f'ulimit {limits} && exec "{sys.executable}" -c "$0"'
+        proc = subprocess.run(
+            ["bash", "-c", script, code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == expected.split()
+        assert ("fewer than --max-connections 1024" in proc.stderr) == warned, proc.stderr

@@ -7,7 +7,10 @@ whose `close()` stops accepting, closes idle connections, lets responses in prog
 the first model in the background when asked to): the first signal shuts down gracefully (new
 connections are refused: the listening socket is closed) and `serve()` returns 0; a second SIGINT
 or SIGTERM during that cuts it short and `serve()` returns 128 + that signal's number, the shell's
-code for a process a signal ended. Every server talks to an `EngineManager` and has metrics.
+code for a process a signal ended. `serve()` also raises the process's soft limit on open files
+(RLIMIT_NOFILE) to the hard one, so that `max_connections` sockets fit: past the limit the OS
+refuses sockets, and a connection would be closed without its 503 while `/health` got no answer.
+Every server talks to an `EngineManager` and has metrics.
 Imports: zinc.engine.{types, manager}, zinc.server.{config, api, routes, extra_routes, metrics,
 http11}, uvloop, the stdlib.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import signal
 import time
 from types import TracebackType
@@ -36,6 +40,27 @@ log = logging.getLogger("zinc.server")
 
 _SHUTDOWN_POLL_S = 0.01
 _CANCEL_GRACE_S = 1.0  # time given to cancelled handlers to run their cleanup
+_FD_MARGIN = 64  # open files besides client sockets: listener, model files, event fds, logs
+
+
+def raise_open_file_limit(max_connections: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard one (as Go's runtime does for every program), so
+    that `max_connections` sockets fit and so do those refused past the cap while their 503 goes
+    out; returns the soft limit now, and warns when it is short of `max_connections`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + _FD_MARGIN
+    new = soft if hard == resource.RLIM_INFINITY else hard
+    if soft == resource.RLIM_INFINITY or new <= soft:
+        new = soft
+    else:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    if new != resource.RLIM_INFINITY and new < want:
+        log.warning(
+            "open files are limited to %d (ulimit -Hn): fewer than --max-connections %d connections "
+            "fit, and those past the limit are closed without an answer",
+            new, max_connections,
+        )  # fmt: skip
+    return new
 
 
 class Server:
@@ -124,6 +149,7 @@ def serve(engine: Engine | EngineManager, config: ServerConfig, initial_model: s
     With `initial_model`, the server listens at once (`/health` answers 503 "loading") while the
     manager loads that model; if loading fails, the server stops and the error is raised.
     """
+    raise_open_file_limit(config.max_connections)
     return uvloop.run(_serve_until_signalled(engine, config, initial_model))
 
 
