@@ -417,3 +417,7 @@ def test_props_lists_the_endpoint(srv: RunningServer) -> None:
         sock.sendall(b"GET /props HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
         status, _, body = read_response(sock.makefile("rb"))
     assert status == 200 and "POST /v1/responses" in orjson.loads(body)["endpoints"]
+    alias = post(srv, {"model": MODEL, "input": "hi", "max_output_tokens": 1}, path="/responses")
+    assert alias.status_code == 200 and alias.json()["object"] == "response"  # the /v1-less alias
+    wrong = httpx2.get(f"http://127.0.0.1:{srv.port}/v1/responses", timeout=10)
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "POST, OPTIONS"
