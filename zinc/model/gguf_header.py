@@ -1,10 +1,17 @@
 """A fast reader of a GGUF file's header: metadata key/values and the tensor index.
 
 Owns: `read_header(path)`, which parses GGUF v2/v3 headers straight from a memory map (numeric
-arrays through numpy, strings with one struct call each). gguf's `GGUFReader` builds a numpy view
-per field part, which takes about 3 s for SmolLM2's 49k-token vocabulary; this takes ~0.1 s,
-which is most of zinc's cold start. Values come out as plain Python (str, int, float, bool,
-lists of them), the same values `GGUFReader` gives.
+arrays through numpy, strings with one slice each). gguf's `GGUFReader` builds a numpy view per
+field part, which takes about 3 s for SmolLM2's 49k-token vocabulary; this takes ~0.1 s, which
+is most of zinc's cold start. Values come out as plain Python (str, int, float, bool, lists of
+them), the same values `GGUFReader` gives.
+
+The bytes are untrusted: every count and length is checked against the bytes left before it is
+used, and the header as a whole is held to fixed limits (`MAX_HEADER_BYTES`, `MAX_STRING_BYTES`,
+`MAX_VALUES`, `MAX_NESTING`), so a hostile or damaged file is one `GGUFError` in time and memory proportional
+to those limits, never a hang, a deep recursion or a huge allocation. The checks follow
+llama.cpp's loader: a power-of-two alignment, at most 4 dimensions, element counts that fit in
+int64, aligned tensor offsets, no duplicate keys or tensor names.
 Imports: numpy, gguf.constants (type tables only), zinc.errors.
 """
 
@@ -23,6 +30,14 @@ from zinc.errors import GGUFError
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4  # GGML_MAX_DIMS
+# Limits on what a header may hold. Real ones are far smaller: Gemma 3's (a 262k-token vocabulary)
+# is 6 MB and 0.8M values; Llama 3's is 1.1M values (with 280k merges).
+MAX_HEADER_BYTES = 64 << 20  # metadata plus tensor index
+MAX_STRING_BYTES = 32 << 20  # one string (a chat template is tens of kB); decoded, up to 4x this in memory
+MAX_VALUES = 1 << 22  # array elements, all arrays together
+MAX_NESTING = 4  # arrays of arrays
+INT64_MAX = (1 << 63) - 1
 # GGUF value types: id -> (struct format, numpy dtype) for the fixed-size ones
 _SCALARS: dict[int, tuple[str, str]] = {
     0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"),
@@ -30,6 +45,8 @@ _SCALARS: dict[int, tuple[str, str]] = {
     12: ("<d", "<f8"),
 }  # fmt: skip
 _STRING, _ARRAY, _BOOL = 8, 9, 7
+_U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
+_MIN_BYTES = {_STRING: 8, _ARRAY: 12}  # the fewest bytes an element of these types takes
 
 
 @dataclass(frozen=True)
@@ -51,93 +68,177 @@ class Header:
 
 
 class _Cursor:
+    """Reads values at `pos`, never past `end` (the file, or `MAX_HEADER_BYTES` of it)."""
+
     def __init__(self, buf: mmap.mmap) -> None:
         self.buf, self.pos = buf, 0
+        self.end = min(len(buf), MAX_HEADER_BYTES)
+        self.values = 0  # array elements read so far (MAX_VALUES)
 
-    def take(self, fmt: str) -> Any:
+    def need(self, n: int, what: str) -> None:
+        if self.pos + n > self.end:
+            if self.end < len(self.buf):
+                raise GGUFError(f"header larger than {MAX_HEADER_BYTES >> 20} MiB ({what})")
+            raise GGUFError(f"truncated: {what} needs {n} bytes at offset {self.pos}, past the end of the file")
+
+    def u32(self, what: str) -> int:
+        self.need(4, what)
+        (value,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(value)
+
+    def u64(self, what: str) -> int:
+        self.need(8, what)
+        (value,) = _U64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(value)
+
+    def take(self, fmt: str, what: str) -> Any:
         size = struct.calcsize(fmt)
-        if self.pos + size > len(self.buf):
-            raise GGUFError("truncated")
+        self.need(size, what)
         (value,) = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += size
         return value
 
-    def string(self) -> str:
-        n = self.take("<Q")
+    def string(self, what: str) -> str:
+        n = self.u64(f"{what}'s length")
+        self.need(n, f"{what} of {n} bytes")
+        _check_string(n, what)
         end = self.pos + n
-        if end > len(self.buf):
-            raise GGUFError("truncated")
-        text = bytes(self.buf[self.pos : end]).decode("utf-8", errors="replace")
+        text = self.buf[self.pos : end].decode("utf-8", errors="replace")
         self.pos = end
         return text
 
-    def value(self, vtype: int) -> Any:
+    def count(self, n: int, min_bytes: int, what: str) -> None:
+        """Check a claimed element count before anything is allocated for it."""
+        self.need(n * min_bytes, f"{what} of {n} elements")
+        self.values += n
+        if self.values > MAX_VALUES:
+            raise GGUFError(f"{what}: {n} elements, past the limit of {MAX_VALUES} array values in a header")
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype == _STRING:
-            return self.string()
+            return self.string(what)
         if vtype == _ARRAY:
-            return self.array()
+            return self.array(what, depth + 1)
         fmt = _SCALARS.get(vtype)
         if fmt is None:
-            raise GGUFError(f"unknown metadata value type {vtype}")
-        return self.take(fmt[0])
+            raise GGUFError(f"{what} has unknown value type {vtype}")
+        return self.take(fmt[0], what)
 
-    def array(self) -> list[Any]:
-        etype, count = self.take("<I"), self.take("<Q")
+    def array(self, what: str, depth: int) -> list[Any]:
+        if depth > MAX_NESTING:
+            raise GGUFError(f"{what}: arrays nested more than {MAX_NESTING} deep")
+        etype, count = self.u32(f"{what}'s element type"), self.u64(f"{what}'s length")
         if etype == _STRING:
-            return [self.string() for _ in range(count)]
+            self.count(count, 8, what)
+            return self._strings(count, what)
         if etype == _ARRAY:
-            return [self.array() for _ in range(count)]
+            self.count(count, 12, what)
+            return [self.array(what, depth + 1) for _ in range(count)]
         fmt = _SCALARS.get(etype)
         if fmt is None:
-            raise GGUFError(f"unknown metadata array type {etype}")
+            raise GGUFError(f"{what} is an array of unknown value type {etype}")
         dtype = np.dtype(fmt[1])
-        end = self.pos + count * dtype.itemsize
-        if end > len(self.buf):
-            raise GGUFError("truncated")
+        self.count(count, dtype.itemsize, what)
         values = np.frombuffer(self.buf, dtype=dtype, count=count, offset=self.pos)
-        self.pos = end
+        self.pos += count * dtype.itemsize
         out: list[Any] = values.astype(bool).tolist() if etype == _BOOL else values.tolist()
         return out
 
+    def _strings(self, count: int, what: str) -> list[str]:
+        """`count` strings, in a loop kept tight: a vocabulary is most of a header."""
+        buf, pos, end, unpack = self.buf, self.pos, self.end, _U64.unpack_from
+        out = []
+        for _ in range(count):
+            if pos + 8 > end:
+                self.pos = pos
+                self.need(8, f"{what}'s string length")
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if pos + n > end:
+                self.pos = pos
+                self.need(n, f"{what}'s string of {n} bytes")
+            if n > MAX_STRING_BYTES:
+                _check_string(n, f"{what}'s string")
+            out.append(buf[pos : pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out
 
-def _tensor_bytes(ggml_type: int, ne: tuple[int, ...]) -> tuple[str, int]:
+
+def _check_string(n: int, what: str) -> None:
+    if n > MAX_STRING_BYTES:
+        raise GGUFError(f"{what} of {n} bytes, past the limit of {MAX_STRING_BYTES >> 20} MiB for a string")
+
+
+def _tensor_bytes(name: str, ggml_type: int, ne: tuple[int, ...]) -> tuple[str, int]:
     try:
         qtype = GGMLQuantizationType(ggml_type)
         block, size = GGML_QUANT_SIZES[qtype]
     except (ValueError, KeyError) as exc:
-        raise GGUFError(f"unknown tensor type {ggml_type}") from exc
-    count = int(np.prod(ne, dtype=np.int64)) if ne else 1
+        raise GGUFError(f"tensor {name} has unknown type {ggml_type}") from exc
+    count = 1
+    for n in ne:  # Python integers: a product that overflows int64 is caught, not wrapped
+        count *= n
+        if count > INT64_MAX:
+            raise GGUFError(f"tensor {name}: dimensions {list(ne)} have more than 2^63 elements")
     if ne and ne[0] % block:
-        raise GGUFError(f"tensor row of {ne[0]} values is not a whole number of {qtype.name} blocks")
+        raise GGUFError(f"tensor {name}: a row of {ne[0]} values is not a whole number of {qtype.name} blocks")
     return qtype.name, count // block * size
+
+
+def _alignment(metadata: dict[str, Any]) -> int:
+    align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if type(align) is not int or align <= 0 or align & (align - 1):
+        raise GGUFError(f"general.alignment must be a power of two, not {align!r}")
+    return align
 
 
 def read_header(path: Path) -> Header:
     """Parse the header of the GGUF at `path`; any inconsistency is a `GGUFError`."""
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        c = _Cursor(buf)
-        if c.take("4s") != MAGIC:
+    with path.open("rb") as f:
+        if f.read(4) != MAGIC:
             raise GGUFError("not a GGUF file")
-        version = c.take("<I")
-        if version not in (2, 3):
-            raise GGUFError(f"GGUF version {version} is not supported (2 or 3)")
-        n_tensors, n_kv = c.take("<Q"), c.take("<Q")
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key = c.string()
-            metadata[key] = c.value(c.take("<I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = c.string()
-            n_dims = c.take("<I")
-            if n_dims > 8:
-                raise GGUFError(f"tensor {name} has {n_dims} dimensions")
-            ne = tuple(int(c.take("<Q")) for _ in range(n_dims))
-            infos.append((name, ne, c.take("<I"), c.take("<Q")))
-        align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        data_offset = (c.pos + align - 1) // align * align
+        if f.seek(0, 2) < 24:
+            raise GGUFError("truncated: shorter than a GGUF header")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(_Cursor(buf))
+
+
+def _parse(c: _Cursor) -> Header:
+    if c.take("4s", "magic") != MAGIC:
+        raise GGUFError("not a GGUF file")
+    version = c.u32("version")
+    if version not in (2, 3):
+        raise GGUFError(f"GGUF version {version} is not supported (2 or 3)")
+    n_tensors, n_kv = c.u64("tensor count"), c.u64("key/value count")
+    c.need(n_kv * 12, f"{n_kv} key/values")  # a key's length and a value type, at least
+    metadata: dict[str, Any] = {}
+    for i in range(n_kv):
+        key = c.string(f"key {i}")
+        if key in metadata:
+            raise GGUFError(f"key {key!r} appears twice")
+        metadata[key] = c.value(c.u32(f"{key}'s type"), key)
+    c.need(n_tensors * 24, f"{n_tensors} tensor entries")  # name length, dims, type, offset
+    infos: list[tuple[str, tuple[int, ...], int, int]] = []
+    names: set[str] = set()
+    for i in range(n_tensors):
+        name = c.string(f"tensor {i}'s name")
+        if name in names:
+            raise GGUFError(f"tensor {name} appears twice")
+        names.add(name)
+        n_dims = c.u32(f"tensor {name}'s dimension count")
+        if n_dims > MAX_DIMS:
+            raise GGUFError(f"tensor {name} has {n_dims} dimensions (at most {MAX_DIMS})")
+        ne = tuple(c.u64(f"tensor {name}'s dimensions") for _ in range(n_dims))
+        infos.append((name, ne, c.u32(f"tensor {name}'s type"), c.u64(f"tensor {name}'s offset")))
+    align = _alignment(metadata)
+    data_offset = (c.pos + align - 1) // align * align
     tensors = []
     for name, ne, ggml_type, rel in infos:
-        type_name, n_bytes = _tensor_bytes(ggml_type, ne)
+        type_name, n_bytes = _tensor_bytes(name, ggml_type, ne)
+        if rel % align:
+            raise GGUFError(f"tensor {name}: offset {rel} is not a multiple of the alignment {align}")
         tensors.append(RawTensor(name, ggml_type, type_name, ne, n_bytes, data_offset + rel))
     return Header(version, metadata, tensors, data_offset)
