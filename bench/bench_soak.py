@@ -35,10 +35,17 @@ from typing import BinaryIO
 import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
-FAKE_SERVER = (
-    "import sys\nfrom tests.fakes import FakeEngine\nfrom zinc.server import ServerConfig, serve\n"
-    "sys.exit(serve(FakeEngine(context_length=2048), ServerConfig(port=int(sys.argv[1]))))\n"
-)
+# The fake engine records every request for the tests to look at: here it keeps the last few only,
+# so that the RSS measured is the server's.
+FAKE_SERVER = """
+import collections, sys
+from tests.fakes import FakeEngine
+from zinc.server import ServerConfig, serve
+engine = FakeEngine(context_length=2048)
+for name in ("requests", "template_calls", "started", "completed", "aborts"):
+    setattr(engine, name, collections.deque(maxlen=64))
+sys.exit(serve(engine, ServerConfig(port=int(sys.argv[1]))))
+"""
 SETTLE_S = 10.0  # at most this long for the server to close what the client closed
 
 
