@@ -150,6 +150,10 @@ def test_pipelined_requests_are_answered_in_order(srv: RunningServer) -> None:
 
 
 def test_abrupt_disconnect_mid_stream_aborts_and_frees_the_engine(srv: RunningServer) -> None:
+    """A client that resets its connection mid-stream has its generation aborted, and the next
+    request is served: the fake engine runs one generation at a time, so had the aborted one
+    kept its slot (100,000 tokens), the next would never be answered within the socket's 5 s
+    timeout. (No bound on how soon it is answered: that is a latency, not what this checks.)"""
     engine = srv.engine
     sock = srv.connect()
     sock.sendall(chat_request(100_000, stream=True))
@@ -160,14 +164,17 @@ def test_abrupt_disconnect_mid_stream_aborts_and_frees_the_engine(srv: RunningSe
     while engine.started[-1] not in engine.aborts and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.started[-1] in engine.aborts
-    started = time.monotonic()
-    with srv.connect() as again, again.makefile("rb") as f:
+    with srv.connect() as again, again.makefile("rb") as f:  # times out after 5 s
         again.sendall(chat_request(2))
         assert read_response(f)[0] == 200
-    assert time.monotonic() - started < 1.0
 
 
 def test_graceful_shutdown_finishes_streams_then_cancels_stragglers() -> None:
+    """Shutdown closes idle connections at once, lets a short stream run to its end, and cuts a
+    stream that outlasts the grace period (`graceful_shutdown_timeout_s`, 0.5 s) when that runs
+    out, not before: the only timing asserted is that lower bound, which a slow host cannot
+    break (0.45 s: the loop's timers may fire a little early). That it ends at all is checked by
+    waiting for it (5 s), not by a bound on how soon."""
     running = RunningServer(FakeEngine(token_delay=0.01), graceful_shutdown_timeout_s=0.5)
     engine = running.engine
     try:
@@ -189,7 +196,7 @@ def test_graceful_shutdown_finishes_streams_then_cancels_stragglers() -> None:
             assert body.rstrip(b"\r\n0").endswith(b"data: [DONE]")
             long_f.read()  # the long one is cut off at the timeout
             closing.result(timeout=5)
-            assert 0.4 < time.monotonic() - started < 2.0
+            assert time.monotonic() - started >= 0.45  # its grace period (less a timer's slack)
         assert engine.completed == engine.started[:1] and engine.aborts == engine.started[1:]
     finally:
         running.stop()

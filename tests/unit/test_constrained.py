@@ -5,7 +5,6 @@ validates, over many seeds; a complete grammar ends the generation; logprobs are
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,21 +173,24 @@ def test_logprobs_in_the_loop_follow_the_sampled_token(tok: Tokenizer) -> None:
     assert [s.token for s in plain] == [s.token for s in out] and plain[0].logprob is None
 
 
-def test_mask_cost_per_token_is_small(tok: Tokenizer) -> None:
-    """Mask computation + applying it, per token, on the 49k vocabulary (decode is ~125 ms/token
-    on this CPU; the budget is 10% of that). Prints the measured median for the benchmark notes."""
+def test_the_mask_allows_each_chosen_token_and_the_output_is_valid(tok: Tokenizer) -> None:
+    """The mask and the masked argmax, per token, on the 49k vocabulary: each step's mask is one
+    flag per token, the greedy pick over it is an allowed token, and the tokens make a valid
+    document. What this costs per token (it used to be asserted here, under 12.5 ms: 10% of a
+    decode step) is measured by bench/bench_mask_cost.py instead, on a quiet host."""
     matcher = GrammarMatcher(json_schema_grammar(SCHEMA), tok)
     rng = np.random.default_rng(0)
-    times = []
-    for _ in range(40):
+    out: list[int] = []
+    for _ in range(400):
         logits = rng.standard_normal(tok.vocab_size).astype(np.float32)
-        start = time.perf_counter()
         allowed = matcher.allowed()
+        assert allowed.dtype == np.bool_ and allowed.shape == (tok.vocab_size,) and allowed.any()
+        assert not allowed.all()  # a JSON document never allows every token
         token = Sampler(SamplingParams()).sample(logits, (), allowed)
-        times.append(time.perf_counter() - start)
+        assert allowed[token] and token == int(np.argmax(np.where(allowed, logits, -np.inf)))
         matcher.accept(token)
+        out.append(token)
         if matcher.done:
             break
-    median_ms = float(np.median(times)) * 1000
-    print(f"constraint mask + masked argmax: median {median_ms:.3f} ms/token over {len(times)} tokens")
-    assert median_ms < 12.5
+    assert matcher.done
+    jsonschema.validate(json.loads(tok.decode(out)), SCHEMA)

@@ -203,6 +203,10 @@ def chat_stream(max_tokens: int) -> bytes:
 
 
 def test_client_that_stops_reading_is_dropped_and_its_generation_cancelled() -> None:
+    """The one timing bound here (/health within 0.5 s while the stream is stuck) is the
+    product's budget: /health keeps answering in milliseconds whatever a client does (issue 38).
+    0.5 s is far above that, and is the write timeout: a /health that waited for the stalled
+    stream to be dropped would take at least that long."""
     running = RunningServer(FakeEngine(context_length=1 << 30), write_timeout_s=0.5)
     engine = running.engine
     try:
@@ -309,6 +313,9 @@ async def test_write_timeout_counts_from_the_last_progress() -> None:
 
 
 def test_connections_past_the_cap_get_503_and_close() -> None:
+    """The one timing bound here (a /health under the cap within 0.5 s) is the product's budget:
+    /health keeps answering in milliseconds while connections past the cap are refused (issue
+    38); 0.5 s leaves a busy host two orders of magnitude of slack."""
     running = RunningServer(FakeEngine(), max_connections=3, keep_alive_timeout_s=60)
     try:
         idle = [running.connect() for _ in range(3)]

@@ -98,8 +98,14 @@ def test_requests_that_come_apart_within_the_batch_wait_share_one_call() -> None
 
 
 def test_a_lone_request_waits_the_batch_wait_once() -> None:
+    """Its prompt waits `batch_wait` (no other request comes to share the call), its decode steps
+    never wait again. Both bounds are the wait itself, not the host's speed: the first token
+    cannot come sooner than the wait, and had any of its 5 decode steps waited too, the rest
+    would take another whole wait, while the fake model's steps take no time, so the host has a
+    whole wait (0.5 s) of slack for them."""
+    wait = 0.5
     model = FakeModel(kv_slots=PAGE * 40, max_packed=4)
-    scheduler = make(model, prefill_chunk=64, batch_wait=0.1)
+    scheduler = make(model, prefill_chunk=64, batch_wait=wait)
     scheduler.start()
     try:
         t0 = time.monotonic()
@@ -107,8 +113,8 @@ def test_a_lone_request_waits_the_batch_wait_once() -> None:
         assert run.first.wait(5)
         first = time.monotonic() - t0
         assert run.wait().reason == "length" and run.exact()
-        assert first >= 0.1
-        assert time.monotonic() - t0 < first + 0.1  # its decode steps did not wait again
+        assert first >= wait
+        assert time.monotonic() - t0 < first + wait  # its decode steps did not wait again
     finally:
         scheduler.close()
 
