@@ -5,6 +5,8 @@ llama.cpp shapes (the FIM prompt the engine gets, the answer, the stream, a mode
 from __future__ import annotations
 
 import json
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -142,3 +144,27 @@ def test_infill_without_fim_tokens_or_with_bad_fields_is_400(srv: RunningServer)
     status, raw = post(srv, "/infill", {"input_prefix": "a"})
     assert status == 400 and json.loads(raw)["error"]["param"] == "input_suffix"
     assert srv.engine.requests == []
+
+
+def test_a_client_gone_mid_request_aborts_every_choice(srv: RunningServer) -> None:
+    """A whole (not streamed) n = 2 request whose client resets its connection: both choices'
+    generations are aborted (the fake engine runs one at a time: the second, still waiting for
+    it, is aborted too), and the next request is answered."""
+    engine = srv.engine
+    engine.token_delay = 0.005
+    body = json.dumps({"prompt": "abc", "max_tokens": 100_000, "n": 2}).encode()
+    sock = srv.connect()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode() + body
+    )
+    while not engine.started:  # the first choice is generating
+        time.sleep(0.01)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST on close
+    sock.close()
+    deadline = time.monotonic() + 5
+    while len(engine.aborts) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(engine.aborts) == sorted(r.request_id for r in engine.requests) and len(engine.aborts) == 2
+    engine.token_delay = 0.0
+    assert client(srv).completions.create(model="fake-model", prompt="abc", max_tokens=2).choices[0].text
