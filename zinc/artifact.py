@@ -1,20 +1,39 @@
 """The artifact contract: a directory holding `model.<target>.vmfb` and `manifest.json`.
 
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
-entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives of repacked weights), writing it atomically, and `load_manifest`,
-which refuses what it does not understand or what does not match the GGUF it is used with.
+entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives
+of repacked weights, and the size and sha256 of every file it vouches for), `write_artifact`
+(crash-safe: below), `load_manifest`, which refuses what it does not understand, what is missing or
+partly written, and what does not match the GGUF it is used with, and `artifact_lock`.
+
+Crash safety: an artifact is written into a temporary sibling directory (`.NAME.tmp-*`), each file
+fsynced, the manifest last (it names the size and sha256 of every other file), then the directory
+is renamed into place and its parent fsynced. So a process killed at any point, or a full disk,
+leaves either no artifact at NAME or a complete one (a replaced one is first renamed aside to
+`.NAME.old-*`); the next write into that folder removes the leftovers. Writers of one NAME take
+`artifact_lock` (an flock on `.NAME.lock`, released by the kernel when a process dies), so two
+processes never write it at once and leftovers are never those of a live writer.
+`pause_point(name)` is a test hook: with `ZINC_PAUSE_AT=name` the process stops itself there
+(SIGSTOP), so tests/faults can kill it at a known point.
 Imports: zinc.errors, zinc.model (leaf-level helpers only). Anyone may import this module.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
-import tempfile
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +41,11 @@ from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
 
-FORMAT_VERSION = 3  # 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows
+# 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows;
+# 4: `files`, every file's size and sha256
+FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
+HASH_BLOCK_BYTES = 8 << 20
 
 
 @dataclass(frozen=True)
@@ -31,6 +53,12 @@ class KVCacheGeometry:
     layout: str = "[slots, block_count, 2 (K|V), head_count_kv, key_length]"  # a slot: one position's K/V
     dtype: str = "f32"  # "f16" on the CPU, "f32" on Vulkan
     writer: str = "kv_write"  # the step functions return new rows [L, 2, T, Hkv, hd]; this entry point stores them
+
+
+@dataclass(frozen=True)
+class ArtifactFile:
+    size: int
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -51,6 +79,7 @@ class Manifest:
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # decode buckets: entry decode_b{B}
     kv_cache: KVCacheGeometry = field(default_factory=KVCacheGeometry)
     sampling: str = "greedy token computed on the device (argmax); other samplers on the host from logits"
+    files: dict[str, ArtifactFile] = field(default_factory=dict)  # every other file (set by write_artifact)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
@@ -67,17 +96,131 @@ class Manifest:
                 "compile it again with `zinc compile`"
             )
         try:
-            return Manifest(
-                **{k: v for k, v in d.items() if k not in ("hparams", "kv_cache")},
+            manifest = Manifest(
+                **{k: v for k, v in d.items() if k not in ("hparams", "kv_cache", "files")},
                 hparams=HParams.from_json(d["hparams"]),
                 kv_cache=KVCacheGeometry(**d.get("kv_cache", {})),
+                files={name: ArtifactFile(int(f["size"]), str(f["sha256"])) for name, f in d["files"].items()},
             )
-        except (TypeError, KeyError) as exc:
-            raise ArtifactError(f"artifact manifest is malformed: {exc}") from exc
+        except (TypeError, KeyError, ValueError, AttributeError) as exc:
+            raise ArtifactError(f"artifact manifest is malformed: {type(exc).__name__}: {exc}") from exc
+        for name in (manifest.vmfb, *manifest.parameter_archives, *manifest.files):
+            if not isinstance(name, str) or Path(name).name != name or name.startswith(".") or name == MANIFEST:
+                raise ArtifactError(f"artifact manifest is malformed: {name!r} is not a file name")
+        unlisted = {manifest.vmfb, *manifest.parameter_archives} - set(manifest.files)
+        if unlisted:
+            raise ArtifactError(f"artifact manifest is malformed: no size and sha256 for {sorted(unlisted)}")
+        return manifest
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def pause_point(name: str) -> None:
+    """Test hook: with `ZINC_PAUSE_AT=name`, say so on stderr and stop this process here."""
+    if os.environ.get("ZINC_PAUSE_AT") == name:
+        sys.stderr.write(f"zinc: paused at {name}\n")
+        sys.stderr.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+_locks_guard = threading.Lock()
+_locks: dict[Path, tuple[threading.RLock, list[int]]] = {}  # per directory: its lock, [depth, fd]
+
+
+@contextlib.contextmanager
+def artifact_lock(directory: Path, waiting: Callable[[str], None] | None = None) -> Iterator[None]:
+    """Hold the write lock of the artifact `directory`: an flock on `.NAME.lock` beside it, taken
+    once per process (re-entrant: `ensure_artifact` holds it around `write_artifact`'s own)."""
+    directory = directory.absolute()
+    with _locks_guard:
+        rlock, state = _locks.setdefault(directory, (threading.RLock(), [0, -1]))
+    with rlock:
+        if state[0] == 0:
+            directory.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(directory.parent / f".{directory.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting is not None:
+                    waiting(f"waiting for another zinc process writing {directory}")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            except OSError:  # a filesystem without flock: go on unlocked
+                pass
+            state[1] = fd
+        state[0] += 1
+        try:
+            yield
+        finally:
+            state[0] -= 1
+            if state[0] == 0:
+                os.close(state[1])  # releases the flock
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_file(path: Path, data: bytes) -> None:
+    with path.open("xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _seal(path: Path) -> ArtifactFile:
+    """Flush a written file to disk and measure it for the manifest."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+        while block := f.read(HASH_BLOCK_BYTES):
+            digest.update(block)
+            size += len(block)
+    return ArtifactFile(size, digest.hexdigest())
+
+
+def _ours(directory: Path) -> bool:
+    """Whether `directory` may be replaced: absent, empty, or holding only an artifact's files."""
+    try:
+        names = [p.name for p in directory.iterdir()]
+    except FileNotFoundError:
+        return True
+    except NotADirectoryError:
+        return False
+    return all(n == MANIFEST or n.endswith((".vmfb", ".irpa", ".mlir")) for n in names)
+
+
+_LEFTOVER = re.compile(r"\.(.+)\.(tmp|old)-[0-9a-f]{8}")  # .NAME.tmp-XXXXXXXX, .NAME.old-XXXXXXXX
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove what killed writes left beside `directory` (called under its lock): its own
+    temporary and replaced directories, and those of other names whose lock is free (a live
+    writer holds its lock, so those belong to processes that died)."""
+    for leftover in directory.parent.glob(".*-????????"):
+        match = _LEFTOVER.fullmatch(leftover.name)
+        if match is None:
+            continue
+        if match[1] == directory.name:
+            shutil.rmtree(leftover, ignore_errors=True)
+            continue
+        try:
+            fd = os.open(directory.parent / f".{match[1]}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(leftover, ignore_errors=True)
+        except OSError:  # held: a writer is alive
+            pass
+        finally:
+            os.close(fd)
 
 
 def write_artifact(
@@ -86,45 +229,80 @@ def write_artifact(
     extra: dict[str, str] | None = None,
     payload: Callable[[Path], object] | None = None,
 ) -> Path:
-    """Write the artifact atomically: into a sibling temp directory, then rename over `directory`.
+    """Write the artifact crash-safely (the module docstring says how) into `directory`.
 
     `payload(tmp_dir)` writes any further files (the repacked-weight archives) first; `module()`
     then gives the manifest and the vmfb, so the vmfb may still be compiling while they are written.
+    A write that fails (a full disk) leaves nothing behind and is one `ArtifactError`.
     """
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
-        if payload is not None:
-            payload(tmp)
-        manifest, vmfb = module()
-        (tmp / manifest.vmfb).write_bytes(vmfb)
-        (tmp / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n")
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    if not _ours(directory):
+        raise ArtifactError(f"{directory} exists and is not a zinc artifact: choose another output directory")
+    with artifact_lock(directory):
+        _remove_leftovers(directory)
+        tmp = directory.parent / f".{directory.name}.tmp-{uuid.uuid4().hex[:8]}"
+        old = directory.parent / f".{directory.name}.old-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir()
+            for name, text in (extra or {}).items():
+                _write_file(tmp / name, text.encode())
+            if payload is not None:
+                payload(tmp)
+            manifest, vmfb = module()
+            _write_file(tmp / manifest.vmfb, vmfb)
+            files = {p.name: _seal(p) for p in sorted(tmp.iterdir())}
+            manifest = replace(manifest, files=files)
+            text = json.dumps(manifest.to_json(), indent=2) + "\n"
+            pause_point("manifest")
+            _write_file(tmp / MANIFEST, text.encode())
+            _fsync(tmp)
+            if directory.exists():
+                os.replace(directory, old)
+                pause_point("swap")
+            os.replace(tmp, directory)
+            _fsync(directory.parent)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not directory.exists():  # put back what was being replaced
+                with contextlib.suppress(OSError):
+                    os.replace(old, directory)
+            if isinstance(exc, OSError):
+                raise _write_error(directory, exc) from exc
+            raise
+        shutil.rmtree(old, ignore_errors=True)
     return directory
 
 
+def _write_error(directory: Path, exc: OSError) -> ArtifactError:
+    why = os.strerror(exc.errno) if exc.errno else str(exc)
+    where = f" ({exc.filename})" if exc.filename else ""
+    hint = "; free some space and run it again" if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG) else ""
+    return ArtifactError(f"writing the artifact {directory} failed: {why}{where}{hint}")
+
+
 def load_manifest(directory: Path, gguf: GGUFModel | None = None, verify_vmfb: bool = True) -> Manifest:
-    """Read and check an artifact; with `gguf`, also check that it was compiled from that file."""
+    """Read and check an artifact: every file the manifest names is there with its size (and the
+    vmfb with its sha256, unless `verify_vmfb` is false); with `gguf`, also check that it was
+    compiled from that file."""
     path = directory / MANIFEST
     try:
-        manifest = Manifest.from_json(json.loads(path.read_text()))
+        data = json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise ArtifactError(f"{directory}: not a zinc artifact (no {MANIFEST})") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"{path}: corrupted manifest ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: corrupted manifest (not a JSON object)")
+    manifest = Manifest.from_json(data)
+    for name, expected in manifest.files.items():
+        try:
+            size = (directory / name).stat().st_size
+        except FileNotFoundError:
+            raise ArtifactError(f"{directory}: {name} is missing") from None
+        if size != expected.size:
+            raise ArtifactError(
+                f"{directory}: {name} is {size} bytes, the manifest says {expected.size} (a partial or damaged write)"
+            )
     vmfb = directory / manifest.vmfb
-    if not vmfb.is_file():
-        raise ArtifactError(f"{directory}: the module {manifest.vmfb} is missing")
-    for name in manifest.parameter_archives:
-        if not (directory / name).is_file():
-            raise ArtifactError(f"{directory}: the parameter archive {name} is missing")
     if verify_vmfb and sha256_bytes(vmfb.read_bytes()) != manifest.vmfb_sha256:
         raise ArtifactError(f"{vmfb}: corrupted module (checksum does not match the manifest)")
     if gguf is not None and (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -89,6 +90,13 @@ def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str
     rebuilt = ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=cache)
     assert rebuilt == art
     load_manifest(rebuilt, open_gguf(tiny_models["tiny-q8-q41"]))
+    irpa = art / "weights.irpa"  # a file cut short (what a non-atomic writer could leave)
+    os.truncate(irpa, irpa.stat().st_size - 4096)
+    with pytest.raises(ArtifactError, match=r"weights.irpa is \d+ bytes, the manifest says \d+ \(a partial"):
+        load_manifest(art, verify_vmfb=False)
+    irpa.unlink()
+    with pytest.raises(ArtifactError, match=r"weights\.irpa is missing"):
+        load_manifest(art)
     (art / MANIFEST).write_text("{not json")
     with pytest.raises(ArtifactError, match="corrupted manifest"):
         load_manifest(art)
