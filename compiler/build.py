@@ -2,7 +2,8 @@
 
 Owns: `compile_model` (build one artifact into a directory), `ensure_artifact` (compile on first
 use into `$ZINC_CACHE`, keyed by the GGUF identity, target, flags, versions and the generated
-MLIR; a broken cache entry is rebuilt, never trusted) and the cache location.
+MLIR; a broken or partly written cache entry is rebuilt, never trusted; one process compiles an
+entry while others wait for it, zinc.artifact.artifact_lock) and the cache location.
 Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors.
 """
 
@@ -25,7 +26,9 @@ from zinc.artifact import (
     MANIFEST,
     KVCacheGeometry,
     Manifest,
+    artifact_lock,
     load_manifest,
+    pause_point,
     sha256_bytes,
     write_artifact,
 )
@@ -149,6 +152,7 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
         batch_sizes=buckets,
         kv_write_per_layer=kind == "vulkan",
     )
+    pause_point("emit")  # tests/faults: killed while the MLIR is generated
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
                 repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype)  # fmt: skip
 
@@ -235,11 +239,22 @@ def ensure_artifact(
     kind = check_target(target)
     key = artifact_key(gguf, target, batch_buckets(batch_sizes))
     directory = (cache_dir or cache_root()) / f"{gguf.path.stem}-{kind}-{key}"
-    if (directory / MANIFEST).exists():
-        try:
-            load_manifest(directory, gguf)
-            say(f"using cached artifact {directory}")
+    if _cached(directory, gguf, say):
+        return directory
+    with artifact_lock(directory, say):  # one compile per entry; a process that waited finds it built
+        if _cached(directory, gguf, say):
             return directory
-        except ArtifactError as exc:
-            say(f"rebuilding broken cache entry: {exc.message}")
-    return compile_model(plan(gguf_path, target, batch_sizes), directory, progress)
+        return compile_model(plan(gguf_path, target, batch_sizes), directory, progress)
+
+
+def _cached(directory: Path, gguf: GGUFModel, say: Progress) -> bool:
+    """Whether `directory` holds a sound artifact of `gguf` (a partial or broken one is rebuilt)."""
+    if not (directory / MANIFEST).exists():
+        return False
+    try:
+        load_manifest(directory, gguf)
+    except ArtifactError as exc:
+        say(f"rebuilding broken cache entry: {exc.message}")
+        return False
+    say(f"using cached artifact {directory}")
+    return True

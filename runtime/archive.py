@@ -3,9 +3,11 @@
 Owns: `write_parameter_archive` (named arrays -> one `.irpa` in IREE's parameter archive format,
 version 0 as iree/schemas/parameter_archive.h defines it, which the runtime's `ParameterIndex`
 reads back by mmap; the arrays come in chunks, one at a time, each written once at its place in
-the file, so writing an 8B model's archive holds one chunk in memory and writes its 4 GB once)
+the file, so writing an 8B model's archive holds one chunk in memory and writes its 4 GB once;
+into a temporary name beside it, fsynced and renamed into place, so `path` is never a partial
+archive, whatever stops the write)
 and `read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied whole into memory).
-Imports: numpy, zinc.model.gguf_file (TensorInfo).
+Imports: numpy, zinc.model.gguf_file (TensorInfo), zinc.artifact (pause_point, a test hook).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from zinc.artifact import pause_point
 from zinc.model.gguf_file import TensorInfo
 
 # The archive's layout (all little-endian, packed): the header at offset 0; the entries' data from
@@ -38,7 +41,8 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
     reserves its whole size, so entries may be written interleaved."""
     entries: dict[str, list[int]] = {}  # name -> [offset in the data segment, size, bytes written]
     end = 0  # the data segment's length so far
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    partial = path.with_name(f".{path.name}.partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         for name, arr, size in chunks:
             entry = entries.get(name)
@@ -50,6 +54,7 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
                 raise ValueError(f"parameter {name}: more than its {entry[1]} bytes")
             _write_at(fd, data, DATA_START + entry[0] + entry[2])
             entry[2] += data.nbytes
+            pause_point("archive")  # tests/faults: killed with the archive half written
         short = [name for name, (_, size, done) in entries.items() if done != size]
         if short:
             raise ValueError(f"parameters given fewer bytes than their size: {', '.join(short[:3])}")
@@ -67,8 +72,13 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
         header = HEADER.pack(MAGIC, 0, 0, HEADER.size, 0, 0, len(entries), table_at, len(table), names_at, at,
                              DATA_START, end)  # fmt: skip
         _write_at(fd, memoryview(header), 0)
-    finally:
+        os.fsync(fd)
+    except BaseException:
         os.close(fd)
+        partial.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(partial, path)
 
 
 def _align(n: int, to: int) -> int:
