@@ -49,15 +49,6 @@ def usage_json(usage: Usage) -> Json:
 
 
 @dataclass
-class Choice:
-    """One finished choice of a whole response."""
-
-    output: Output
-    finish_reason: str
-    calls: Sequence[ToolCall] = ()
-
-
-@dataclass
 class Output:
     """What one generation (or one streamed piece of it) says, endpoint-neutral.
 
@@ -71,6 +62,15 @@ class Output:
 
     def __bool__(self) -> bool:
         return bool(self.content or self.reasoning or self.tool_calls or self.logprobs)
+
+
+@dataclass
+class Choice:
+    """One finished choice of a whole response."""
+
+    output: Output
+    finish_reason: str
+    calls: Sequence[ToolCall] = ()
 
 
 def _top_json(t: TopLogprob | TokenLogprob) -> Json:
