@@ -16,7 +16,8 @@ test-sizes *ARGS:
     .venv/bin/python -m pytest --sizes -m sizes {{ARGS}}
 
 # The fuzz tier: hostile request bytes and JSON bodies against a running server (minutes;
-# ZINC_FUZZ_EXAMPLES cases per test, 2,000 by default)
+# ZINC_FUZZ_EXAMPLES cases per test, 2,000 by default), and byte flips of SmolLM2's GGUF header
+# (ZINC_FUZZ_CASES, 2,000 by default)
 test-fuzz *ARGS:
     .venv/bin/python -m pytest --fuzz -m fuzz {{ARGS}}
 

@@ -3,8 +3,9 @@ seeded case (tests/faults/gguf_fuzz.py says which) gives a valid model or one `Z
 another exception, a hang or a large allocation (the cases run in a child process under a data
 limit, whose peak RSS is held to `PEAK_RSS_BYTES`).
 
-The default tier runs `QUICK_CASES`; the `slow` test runs `SLOW_CASES` more (`ZINC_FUZZ_CASES`
-overrides that number). The outcomes are printed (`pytest -s`).
+The default tier runs `QUICK_CASES`; the long test (the opt-in fuzz tier: `pytest --fuzz -m fuzz`,
+`just test-fuzz`) runs `SLOW_CASES` more (`ZINC_FUZZ_CASES` overrides that number). The outcomes
+are printed (`pytest -s`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def test_quick_fuzz_of_the_smollm2_header(smollm2: Path, tmp_path: Path) -> None
 
 
 @pytest.mark.slow
+@pytest.mark.fuzz
 def test_long_fuzz_of_the_smollm2_header(smollm2: Path, tmp_path: Path) -> None:
     outcomes = fuzz(smollm2, QUICK_CASES, SLOW_CASES, tmp_path)
     valid = sum(n for label, n in outcomes.items() if label.endswith(": valid"))
