@@ -185,8 +185,13 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
 def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
     """The planes of one GGUF tensor (`raw`: its bytes). For the 32-weight block types a byte
     shuffle (scales stay f16 bits, sizes equal GGUF's); K-quants are unpacked, see below. A
-    `paired` weight's planes then hold each pair of groups side by side (`_pair`)."""
-    planes = _repack_groups(q, raw, n, k)
+    `paired` weight's planes hold each pair of groups side by side (`_pair`)."""
+    if q.name == "Q4_K":
+        planes = _repack_q4_k(raw, n, k)
+    elif q.name == "Q6_K":
+        planes = _repack_q6_k(raw, n, k)
+    else:
+        return _repack_blocks(q, raw, n, k)
     if paired(q, n):
         planes = {p: a if p == "qh" else _pair(a) for p, a in planes.items()}
     return planes
@@ -204,22 +209,22 @@ def _pair(plane: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.ascontiguousarray(pairs.transpose(order)).reshape(ng // 2, b, *merged)
 
 
-def _repack_groups(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """The planes in groups of 8 rows (`plane_types` before pairing)."""
+def _repack_blocks(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+    """The planes of a 32-weight block type. A pair of groups is 16 consecutive rows, so grouping
+    and pairing are one transpose, of 4-byte words (a quarter of the element moves of bytes)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
-    if q.name == "Q4_K":
-        return _repack_q4_k(raw, n, k)
-    if q.name == "Q6_K":
-        return _repack_q6_k(raw, n, k)
+    v = 2 * G if paired(q, n) else G  # rows side by side in a plane's unit
     blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
     head = {"Q4_1": 4, "Q5_0": 6}.get(q.name, 2)  # bytes of scales (and Q5_0's fifth bits) before the quants
-    qs = _group(blocks[:, :, head:], ng, b, loads)
+    words = np.ascontiguousarray(blocks[:, :, head:]).view("<u4")  # [n, b, loads]
+    qs = np.ascontiguousarray(words.reshape(n // v, v, b, loads).transpose(0, 2, 3, 1))
+    out = {"qs": qs.view(np.int8).reshape(n // v, b, loads, v, 4)}
 
     def scale(lo: int) -> np.ndarray[Any, Any]:
-        bits = blocks[:, :, lo : lo + 2].copy().view(np.int16)[..., 0]
-        return np.ascontiguousarray(bits.reshape(ng, G, b).transpose(0, 2, 1))
+        bits = np.ascontiguousarray(blocks[:, :, lo : lo + 2]).view(np.int16)[..., 0]
+        return np.ascontiguousarray(bits.reshape(n // v, v, b).transpose(0, 2, 1))
 
-    out = {"qs": qs, "d": scale(0)}
+    out["d"] = scale(0)
     if q.name == "Q4_1":
         out["m"] = scale(2)
     if q.name == "Q5_0":
