@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -127,3 +130,17 @@ def test_auto_never_picks_a_software_gpu(monkeypatch: pytest.MonkeyPatch) -> Non
     assert resolve_device("vulkan").target == "vulkan"
     monkeypatch.setattr(device_mod, "vulkan_devices", lambda: ("NVIDIA H100 80GB HBM3",))
     assert resolve_device("auto").target == "vulkan"
+
+
+def test_hostile_gguf_on_the_command_line_is_one_error_line(tmp_path: Path) -> None:
+    """Arrays nested 10,000 deep (a RecursionError traceback before the header reader's limits)."""
+    value = struct.pack("<IQ", 0, 0)
+    for _ in range(10_000):
+        value = struct.pack("<IQ", 9, 1) + value
+    key = struct.pack("<Q", 4) + b"deep" + struct.pack("<I", 9)
+    path = tmp_path / "hostile.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + key + value)
+    out = subprocess.run([sys.executable, "-m", "zinc", "tokenize", "-m", str(path), "hi"],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("error:") == 1 and "arrays nested more than 4 deep" in out.stderr
