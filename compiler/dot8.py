@@ -25,8 +25,8 @@ super-block's d, as many bytes as GGUF's, `_repack_q6_k`) and the kernels that r
 Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply, into L2; a
 decode kernel given a `KvPrefetch` also prefetches a layer's cached K/V rows for the attention
 that comes after it (zinc.compiler.kv_prefetch: its operands and loop lines).
-IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies
-(docs/PERFORMANCE.md, History), which is why these kernels name the instructions.
+IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies, which is why
+these kernels name the instructions.
 Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.compiler.kv_prefetch, zinc.errors.
 """
 
@@ -61,18 +61,12 @@ PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk), at least one
 # per usable CPU (`_workgroups`). Each one quantizes its activation rows again and runs its own
 # prefetch stream, which reaches `PREFETCH_BLOCKS` ahead only after its first blocks, so fewer and
-# longer ones do better: 2 cores, SmolLM2 step of 8 rows 8.25 -> 7.1 ms with 4 instead of 16, and
-# with 2, 4 rows 3.1 -> 2.83 ms, 8 rows 4.5 -> 3.81 ms; 512-token prefill 290 -> 230 ms. One token
-# kept 16 until its quants were prefetched 64 blocks ahead, longer than a sixteenth of most of
-# SmolLM2's matrices: with 2 its step went 2.45 -> 2.12 ms (4: 2.23, 8: 2.27; Gemma 3 even).
+# longer ones do better (measured in the commits that set these).
 DECODE_WORKGROUPS, PREFILL_WORKGROUPS = 2, 2
 # Software prefetch of the quants this many blocks ahead (8 KB for the 4-bit types) into L2
 # (`PREFETCH_LOCALITY` 2: prefetcht1): with the hardware prefetcher alone the kernels still wait on
-# their reads. 16 blocks ahead into L1 (prefetcht0) took SmolLM2's step of 1 / 4 / 8 rows from
-# 3.02 / 3.45 / 4.71 to 2.60 / 3.30 / 4.36 ms, but left the batch kernels waiting on memory: an L1
-# prefetch holds one of the core's few L1 miss buffers until its line comes. Into L2, 64 ahead:
-# 2.49 / 2.99 / 4.25 -> 2.46 / 2.61 / 3.82 ms (32 ahead: 2.45 / 2.75 / 3.98; 128: 2.58 / 2.77 /
-# 3.90); Gemma 3: 4.78 / 6.17 / 9.73 -> 4.51 / 5.85 / 9.53 ms (docs/PERFORMANCE.md, History).
+# their reads. Into L2, not L1: an L1 prefetch holds one of the core's few L1 miss buffers until
+# its line comes, and the batch kernels then wait on memory. 64 blocks beat 32 and 128.
 PREFETCH_BLOCKS = 64
 PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefetcht1 (L2)
 # Stack bytes a kernel's quantized activation rows may take (32 int8 and up to three f32 a 32-block

@@ -14,11 +14,10 @@ kernel's results are bit for bit those of the kernel without it.
 
 Why: decode attention reads every cached position of its layer once per step, one slot (23 KB
 of every layer's rows, SmolLM2) apart, after the weights of a whole layer have gone through the
-caches, so it waits on memory: SmolLM2's 8-row step at 48 positions spent 1.2-1.5 ms in
-attention, against 0.41-0.46 ms when the rows were already cached. A batch's matmuls are bound
-by their arithmetic, so the memory system has time to spare while they run: the gate/up matmul
+caches, so it waits on memory (about three times as long as with the rows in cache). A batch's
+matmuls are bound by their arithmetic, so the memory system has time to spare while they run: the gate/up matmul
 of layer l prefetches layer l + 1's rows (and the q/k/v matmul of layer 0 its own), and the
-attention finds them in L2 or L3 (docs/PERFORMANCE.md, History).
+attention finds them in L2 or L3.
 Imports: nothing but the stdlib (dataclasses).
 """
 

@@ -72,9 +72,7 @@ STEP_TIMES = 8  # a step's expected time is the shortest of the batch's last few
 # While nothing is decoding, a prompt waits this long after the newest request for others to come
 # with it. Streams sent at once reach the scheduler 0.3-1.5 ms apart on a busy 2-core host (each is
 # parsed and tokenized on the event loop): without the wait the first went alone (a 12-token
-# prompt, 11 ms) and the rest in a second call. With it, 4 streams' aggregate tokens/s rose 5%;
-# 8 streams' did not move beyond noise, the first one's lone call having overlapped the parsing of
-# the other 7 (docs/PERFORMANCE.md, History). A lone request pays it once, on its first token.
+# prompt, 11 ms) and the rest in a second call. A lone request pays the wait once, on its first token.
 BATCH_WAIT_S = 0.001
 BATCH_WAIT_CAP = 8  # the whole wait is at most this many times `batch_wait` (requests keep coming)
 # While shorter prompts go first, the oldest prompt still gets at least this fraction of each

@@ -291,8 +291,7 @@ class HttpProtocol(asyncio.Protocol):
             self._send(h11.Data(data=data))
         elif data and not self._closing:
             # A chunk as h11 frames it, without its per-event state machine: a streamed token's
-            # SSE event paid about 15 us of the event loop's CPU for it (docs/PERFORMANCE.md,
-            # History). h11 still writes the head and the last chunk (EndOfMessage).
+            # SSE event paid about 15 us of the event loop's CPU for it. h11 still writes the head and the last chunk (EndOfMessage).
             self._write(b"%x\r\n%b\r\n" % (len(data), data))
 
     def send_end(self, exchange: Exchange) -> None:
