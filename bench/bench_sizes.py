@@ -12,7 +12,7 @@ a token reads (every weight but the embedding table, which a token reads one row
 --streams N (8 by default; 0: none), `zinc serve --parallel N` and llama.cpp's own `llama-server
 -np N` (the same build) one after the other: one stream's and N concurrent streams' aggregate
 tok/s, --runs runs each (bench_streams.py, which says how). It replaces
-the "Sizes" section of the report (above its History) and writes docs/sizes.svg, tok/s against
+the "Sizes" section of the report (above its Notes) and writes docs/sizes.svg, tok/s against
 model size.
 """
 
@@ -316,9 +316,9 @@ def svg(data: Json) -> str:
 
 
 def write_report(out: Path, section: str) -> None:
-    """Put `section` in place of the report's Sizes section (or just above its History)."""
+    """Put `section` in place of the report's Sizes section (or just above its Notes)."""
     text = out.read_text() if out.exists() else ""
-    head, sep, tail = text.partition("## History")
+    head, sep, tail = text.partition("## Notes")
     if SECTION in head:
         before, _, after = head.partition(SECTION)
         rest = after.split("\n## ", 1)
