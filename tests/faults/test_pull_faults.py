@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.file_server import FileServer
 from zinc.catalog.entries import CatalogEntry
+from zinc.catalog.store import write_atomic
 
 pytestmark = pytest.mark.e2e
 BLOB = random.Random(38).randbytes(2 << 20)
@@ -125,3 +127,17 @@ def test_pull_into_a_full_disk_fails_cleanly_then_resumes(tmp_path: Path, server
         assert server.requests[-1] == ("blob.gguf", f"bytes={kept}-")
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_store_file_that_cannot_be_written_leaves_nothing(tmp_path: Path) -> None:
+    """write_atomic (model manifests, config.json) under RLIMIT_FSIZE: the error, and no temporary file."""
+    (tmp_path / "config.json").write_text("{}")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, hard))
+    try:
+        with pytest.raises(OSError, match="File too large"):
+            write_atomic(tmp_path / "config.json", bytes(4096))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json"]
+    assert (tmp_path / "config.json").read_text() == "{}"
