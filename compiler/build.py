@@ -40,7 +40,7 @@ from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, comp
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import ROPE_FREQS, HParams, describe
-from zinc.runtime.archive import read_tensor_bytes, write_parameter_archive
+from zinc.runtime.archive import advise_willneed, read_tensor_bytes, write_parameter_archive
 
 Progress = Callable[[str], None]
 REPACKED_ARCHIVE = "weights.irpa"
@@ -171,7 +171,10 @@ def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any], int]]
     """Each repacked weight's planes, in chunks of `REPACK_ROWS` rows, with each plane's whole
     size: every layout keeps its groups of rows apart (a plane is row-group major), so the chunks
     of a plane follow each other, and as the chunks are equal, a plane is n / step of them."""
-    for name, (sources, q, n, k, layout) in p.repacked.items():
+    weights = list(p.repacked.items())
+    for i, (name, (sources, q, n, k, layout)) in enumerate(weights):
+        if i + 1 < len(weights):  # the next weight's bytes read from disk while this one is repacked
+            advise_willneed(p.gguf.path, [p.gguf.tensors[s] for s in weights[i + 1][1][0]])
         rows = [read_tensor_bytes(p.gguf.path, p.gguf.tensors[s]) for s in sources]
         raw = rows[0] if len(rows) == 1 else np.concatenate(rows)  # stacked row-wise: [sum n, k]
         raw = raw.reshape(n, -1)

@@ -6,12 +6,15 @@ reads back by mmap; the arrays come in chunks, one at a time, each written once 
 the file, so writing an 8B model's archive holds one chunk in memory and writes its 4 GB once;
 into a temporary name beside it, fsynced and renamed into place, so `path` is never a partial
 archive, whatever stops the write)
-and `read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied whole into memory).
+`read_tensor_bytes` (one GGUF tensor's raw bytes, mapped, never copied whole into memory) and
+`advise_willneed` (the next tensors read ahead from disk while one is repacked).
 Imports: numpy, zinc.model.gguf_file (TensorInfo), zinc.artifact (pause_point, a test hook).
 """
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import os
 import struct
 from collections.abc import Iterable
@@ -30,9 +33,10 @@ HEADER = struct.Struct("<IHHQQQ" "Q" "QQ" "QQ" "QQ")  # prefix; entry count; ent
 ENTRY = struct.Struct("<QIQ" "QQ" "QQ" "Q" "QQ")  # size, type, flags; name; metadata; alignment; data
 ENTRY_DATA = 2  # an entry whose bytes are in the archive's data segment
 ENTRY_ALIGN = 16
-DATA_ALIGN = 64
 PAGE = 4096  # the data segment starts, and the file ends, at a page boundary: the runtime maps it
+DATA_ALIGN = PAGE  # whole pages, so that DirectWriter takes every chunk of the usual shapes
 DATA_START = PAGE
+DIRECT_BUFFER = 8 << 20  # DirectWriter's staging buffer
 
 
 def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[Any, Any], int]]) -> None:
@@ -43,6 +47,7 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
     end = 0  # the data segment's length so far
     partial = path.with_name(f".{path.name}.partial")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    direct = DirectWriter.open(partial)
     try:
         for name, arr, size in chunks:
             entry = entries.get(name)
@@ -52,7 +57,8 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
             data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
             if entry[2] + data.nbytes > entry[1]:
                 raise ValueError(f"parameter {name}: more than its {entry[1]} bytes")
-            _write_at(fd, data, DATA_START + entry[0] + entry[2])
+            if direct is None or not direct.write(data, DATA_START + entry[0] + entry[2]):
+                _write_at(fd, data, DATA_START + entry[0] + entry[2])
             entry[2] += data.nbytes
             pause_point("archive")  # tests/faults: killed with the archive half written
         short = [name for name, (_, size, done) in entries.items() if done != size]
@@ -77,8 +83,52 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
         os.close(fd)
         partial.unlink(missing_ok=True)
         raise
+    finally:
+        if direct is not None:
+            direct.close()
     os.close(fd)
     os.replace(partial, path)
+
+
+class DirectWriter:
+    """Writes of whole pages at page offsets that bypass the page cache (O_DIRECT). Buffered, an 8B
+    model's 4.4 GB of dirty pages pass the kernel's dirty-page limits, and the writer is held to
+    the page cache's writeback speed: 140-250 MB/s on this project's hosts, against 600-1,500 MB/s
+    written direct. A chunk that is not whole pages at a page offset goes through the page cache."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = mmap.mmap(-1, DIRECT_BUFFER)  # page-aligned, as O_DIRECT requires of memory
+
+    @classmethod
+    def open(cls, path: Path) -> DirectWriter | None:
+        """A direct writer on `path`, or None where the file system refuses O_DIRECT (tmpfs)."""
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag:
+            return None
+        try:
+            return cls(os.open(path, os.O_WRONLY | flag))
+        except OSError:
+            return None
+
+    def write(self, data: memoryview, offset: int) -> bool:
+        """Write `data` at `offset` if both are whole pages; False leaves it to the caller."""
+        if offset % PAGE or data.nbytes % PAGE:
+            return False
+        view = memoryview(self.buffer)
+        try:
+            for start in range(0, data.nbytes, DIRECT_BUFFER):
+                piece = data[start : start + DIRECT_BUFFER]
+                view[: piece.nbytes] = piece
+                _write_at(self.fd, view[: piece.nbytes], offset + start)
+        finally:
+            view.release()
+        return True
+
+    def close(self) -> None:
+        os.close(self.fd)
+        with contextlib.suppress(BufferError):  # a failed write's traceback still holds a view of it
+            self.buffer.close()
 
 
 def _align(n: int, to: int) -> int:
@@ -89,6 +139,18 @@ def _write_at(fd: int, data: memoryview, offset: int) -> None:
     while data.nbytes:
         n = os.pwrite(fd, data, offset)
         data, offset = data[n:], offset + n
+
+
+def advise_willneed(gguf_path: Path, infos: Iterable[TensorInfo]) -> None:
+    """Ask the kernel to start reading these tensors' bytes now (a hint; ignored where unsupported)."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(gguf_path, os.O_RDONLY)
+    try:
+        for info in infos:
+            os.posix_fadvise(fd, info.offset, info.n_bytes, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
 
 
 def read_tensor_bytes(gguf_path: Path, info: TensorInfo) -> np.ndarray[Any, np.dtype[np.uint8]]:
