@@ -1,4 +1,5 @@
-"""The server under load: 64 clients at once against `--parallel 8 --max-queue 16`.
+"""The server under load: 64 clients at once against `--parallel 8 --max-queue 16` (chat and text
+completions and Anthropic messages, streamed and not).
 
 Every admitted generation is held at its start (a gate in the fake engine) until all 64 requests
 are in, so they really are concurrent whatever the machine's speed: exactly the excess (64 - 8 -
@@ -65,34 +66,52 @@ def srv() -> Iterator[RunningServer]:
     running.stop()
 
 
+APIS = ("chat", "text", "messages")  # client i speaks APIS[i // 2 % 3], streamed when i is odd
+
+
 def request_bytes(i: int) -> bytes:
-    """Client i's request: chat or text completion, streamed or not, by turns."""
-    stream = i % 2 == 1
-    if i % 4 < 2:
-        path, body = b"/v1/chat/completions", {"messages": [{"role": "user", "content": f"client {i}"}]}
-    else:
-        path, body = b"/v1/completions", {"prompt": f"client {i}"}
-    data = orjson.dumps({**body, "max_tokens": MAX_TOKENS, "stream": stream})
-    head = b"POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % (
-        path,
-        len(data),
-    )
-    return head + data
+    """Client i's request: a chat completion, a text completion or an Anthropic message, streamed
+    or not, by turns."""
+    content = f"client {i}"
+    path, body = {
+        "chat": (b"/v1/chat/completions", {"messages": [{"role": "user", "content": content}]}),
+        "text": (b"/v1/completions", {"prompt": content}),
+        "messages": (b"/v1/messages", {"messages": [{"role": "user", "content": content}]}),
+    }[APIS[i // 2 % 3]]
+    data = orjson.dumps({**body, "max_tokens": MAX_TOKENS, "stream": i % 2 == 1})
+    head = b"POST %s HTTP/1.1\r\nHost: t\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+    return head % (path, len(data)) + data
 
 
 def text_of(i: int, body: bytes) -> tuple[str, str]:
-    """The generated text and finish reason of client i's 200 response."""
-    key = "message" if i % 4 < 2 else "text"
+    """The generated text and why it ended ("length": the token limit) of client i's 200 response."""
+    api = APIS[i // 2 % 3]
     if i % 2 == 0:
-        choice = orjson.loads(body)["choices"][0]
-        return (choice["message"]["content"] if key == "message" else choice["text"]), choice["finish_reason"]
-    assert body.endswith(b"data: [DONE]\n\n")
+        answer = orjson.loads(body)
+        if api == "messages":
+            assert answer["stop_reason"] == "max_tokens"
+            return "".join(block["text"] for block in answer["content"]), "length"
+        choice = answer["choices"][0]
+        return (choice["message"]["content"] if api == "chat" else choice["text"]), choice["finish_reason"]
     text, finish = "", ""
     for line in body.decode().split("\n"):
-        if line.startswith("data: {"):
-            choice = orjson.loads(line[6:])["choices"][0]
-            text += (choice.get("delta", {}).get("content") if key == "message" else choice["text"]) or ""
-            finish = choice["finish_reason"] or finish
+        if not line.startswith("data: {"):
+            continue
+        event = orjson.loads(line[6:])
+        if api == "messages":
+            if event["type"] == "content_block_delta":
+                text += event["delta"]["text"]
+            elif event["type"] == "message_delta":
+                finish = (
+                    "length"
+                    if event["delta"]["stop_reason"] == "max_tokens"
+                    else event["delta"]["stop_reason"]
+                )
+            continue
+        choice = event["choices"][0]
+        text += (choice.get("delta", {}).get("content") if api == "chat" else choice["text"]) or ""
+        finish = choice["finish_reason"] or finish
+    assert body.endswith(b'"type":"message_stop"}\n\n' if api == "messages" else b"data: [DONE]\n\n")
     return text, finish
 
 
@@ -136,8 +155,14 @@ def test_64_clients_exactly_the_excess_get_429_and_the_rest_complete(srv: Runnin
     for i, (status, headers, body) in enumerate(results):
         if status == 429:
             assert headers["retry-after"] == "1" and headers["connection"] == "close"
-            error = orjson.loads(body)["error"]
-            assert (error["type"], error["code"]) == ("rate_limit_error", "queue_full")
+            answer = orjson.loads(body)
+            if APIS[i // 2 % 3] == "messages":  # Anthropic's envelope
+                assert answer["type"] == "error" and answer["error"]["type"] == "rate_limit_error"
+            else:
+                assert (answer["error"]["type"], answer["error"]["code"]) == (
+                    "rate_limit_error",
+                    "queue_full",
+                )
         else:
             assert text_of(i, body) == (expected_text(MAX_TOKENS), "length")
     admitted = PARALLEL + MAX_QUEUE
