@@ -255,6 +255,7 @@ def write_artifact(
             pause_point("manifest")
             _write_file(tmp / MANIFEST, text.encode())
             _fsync(tmp)
+            pause_point("rename")
             if directory.exists():
                 os.replace(directory, old)
                 pause_point("swap")

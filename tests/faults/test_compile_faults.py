@@ -4,7 +4,8 @@ ever taken for an artifact, and the next run rebuilds it and removes what the ki
 Each run is `python -m zinc compile` on a tiny fixture in a subprocess. The kill points are
 zinc.artifact.pause_point's (`ZINC_PAUSE_AT`: the process stops itself there, and the test kills
 it while stopped): `emit` (the MLIR being generated), `archive` (weights.irpa half written),
-`manifest` (every other file written, the manifest not yet), `swap` (a broken entry renamed aside,
+`manifest` (every other file written, the manifest not yet), `rename` (all written and fsynced,
+the folder not yet renamed into place), `swap` (a broken entry renamed aside,
 the new one not yet in place); and while iree-compile runs (the test finds that child process).
 The disk fills on a small tmpfs (root only) or under RLIMIT_FSIZE.
 """
@@ -142,6 +143,10 @@ def test_killed_while_compiling_then_rebuilt(model: Path, tmp_path: Path) -> Non
     assert artifacts(cache) == []
     written = {p.name for tmp in cache.glob(".*.tmp-*") for p in tmp.iterdir()}
     assert written == {"model.cpu.vmfb", "weights.irpa"}  # all but the manifest, in a temp dir
+    kill_at(model, cache, "rename")
+    assert artifacts(cache) == []
+    [tmp] = entries(cache)  # complete, but under its temporary name: never loaded, removed next time
+    load_manifest(cache / tmp, open_gguf(model))
     rebuild(model, cache)  # and the three temp dirs are gone
 
 
