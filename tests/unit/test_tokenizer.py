@@ -364,3 +364,11 @@ def test_bad_ids_and_odd_text(model: tuple[str, Tokenizer]) -> None:
     with pytest.raises(InvalidRequestError):
         tok.decode([-1])
     assert tok.decode(tok.encode("a\ud800b")) == "a\ufffdb"  # a lone surrogate cannot be UTF-8
+
+
+def test_merges_of_tokens_the_file_lacks_are_skipped() -> None:
+    """`tokenizers` refuses a merge whose parts or result are not tokens; such merges are dropped
+    (as llama.cpp skips them) and the rest still apply, in their ranks."""
+    bad = ["Ġ x", "Ġh q", "Ġ h", "h i", "Ġh i"]  # x and Ġhq are no tokens; "hi" is none either
+    tok = Tokenizer.from_metadata(_tiny_gpt2(**{"tokenizer.ggml.merges": bad}))
+    assert tok.encode(" hi") == [257] and tok.encode(" x") == [ord(" "), ord("x")]  # byte b is token b

@@ -33,16 +33,13 @@ class Engine(Protocol):
 
 
 def _gpt2_merges(vocab: Vocab) -> list[tuple[str, str]]:
-    """The file's merges split at the first space after the first character, if all three are tokens."""
-    ids = vocab.ids
-    merges: list[tuple[str, str]] = []
-    for m in vocab.merges:
-        pos = m.find(" ", 1)
-        if pos > 0:
-            a, b = m[:pos], m[pos + 1 :]
-            if a in ids and b in ids and a + b in ids:
-                merges.append((a, b))
-    return merges
+    """The file's merges split at the first space after the first character."""
+    return [(m[:pos], m[pos + 1 :]) for m in vocab.merges if (pos := m.find(" ", 1)) > 0]
+
+
+def _known_merges(merges: list[tuple[str, str]], ids: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges whose two parts and result are all tokens (llama.cpp skips the others)."""
+    return [(a, b) for a, b in merges if a in ids and b in ids and a + b in ids]
 
 
 _PLACEHOLDER = "\x00zinc:no-token\x00"
@@ -72,9 +69,12 @@ def build_backend(vocab: Vocab) -> Engine:
     spec = pre_tokenizer_spec(vocab.pre)
     ids = dict(vocab.ids)
     ids[_PLACEHOLDER] = unknown_id(vocab)
-    model = models.BPE(
-        vocab=ids, merges=_gpt2_merges(vocab), unk_token=_PLACEHOLDER, ignore_merges=spec.ignore_merges
-    )
+    merges = _gpt2_merges(vocab)
+    try:  # `tokenizers` checks every merge itself: checking them here first took most of a 1B model's start
+        model = models.BPE(vocab=ids, merges=merges, unk_token=_PLACEHOLDER, ignore_merges=spec.ignore_merges)
+    except Exception:  # a merge of a token the file lacks (it raises a bare Exception)
+        merges = _known_merges(merges, ids)
+        model = models.BPE(vocab=ids, merges=merges, unk_token=_PLACEHOLDER, ignore_merges=spec.ignore_merges)
     tok = Tokenizer(model)
     steps: list[pre_tokenizers.PreTokenizer] = [
         pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in spec.regexes

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 from array import array
 from collections.abc import Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
 from zinc.errors import InvalidRequestError
@@ -32,13 +33,11 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 def _offsets(pieces: list[bytes], hidden: bytes) -> tuple[array[int], array[int], array[int]]:
     """Start, end and end-when-hidden-tokens-are-skipped of every piece in `b"".join(pieces)`."""
-    starts, ends, ends_plain = array("I"), array("I"), array("I")
-    pos = 0
-    for piece, h in zip(pieces, hidden, strict=True):
-        starts.append(pos)
-        ends_plain.append(pos if h else pos + len(piece))
-        pos += len(piece)
-        ends.append(pos)
+    lengths = list(map(len, pieces))
+    ends = array("I", accumulate(lengths))
+    starts = array("I", accumulate(lengths, initial=0))
+    starts.pop()
+    ends_plain = array("I", [s if h else e for s, e, h in zip(starts, ends, hidden, strict=True)])
     return starts, ends, ends_plain
 
 
