@@ -36,7 +36,16 @@ from zinc.compiler import dot8, llama
 from zinc.compiler.emitter import LAYOUTS
 from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
 from zinc.compiler.kernels import QuantType
-from zinc.compiler.targets import TARGET_FLAGS, check_target, compile_mlir, compiler_version
+from zinc.compiler.targets import (
+    GENERIC,
+    TARGET_FLAGS,
+    check_target,
+    compile_mlir,
+    compiler_version,
+    detected_vulkan_target,
+    index_inputs,
+    vulkan_target_flags,
+)
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import ROPE_FREQS, HParams, describe
@@ -68,6 +77,7 @@ class Plan:
     repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]]  # see ModuleEmitter.repacked
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets (decode_b{B} entry points)
     kv_dtype: str = "f32"  # the KV slab's element type
+    vulkan_target: str = GENERIC  # IREE's Vulkan GPU target (zinc.compiler.targets.VULKAN_TARGETS)
 
 
 def _source_digest() -> str:
@@ -109,12 +119,14 @@ def _check_vulkan_rows(hp: HParams, buckets: tuple[int, ...]) -> None:
         )
 
 
-def artifact_key(gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES) -> str:
-    """The cache key of an artifact: GGUF identity, target, flags, batch buckets, versions, the sources
-    and the tensor values baked into the MLIR."""
+def artifact_key(
+    gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES, vulkan_target: str = GENERIC
+) -> str:
+    """The cache key of an artifact: GGUF identity, target, flags (the Vulkan GPU target's too),
+    batch buckets, versions, the sources and the tensor values baked into the MLIR."""
     h = hashlib.sha256()
     for part in (
-        str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *TARGET_FLAGS[target],
+        str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *_flags(target, vulkan_target),
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
         f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
@@ -133,12 +145,20 @@ def _baked_values(gguf: GGUFModel) -> str:
     return f"rope_freqs={gguf.read_f32(ROPE_FREQS)!r}"
 
 
+def _flags(target: str, vulkan_target: str) -> tuple[str, ...]:
+    """iree-compile's flags for `target`, with the Vulkan GPU target's (none for GENERIC)."""
+    return TARGET_FLAGS[target] + (vulkan_target_flags(vulkan_target) if check_target(target) == "vulkan" else ())
+
+
 def _use_dot8(target: str) -> bool:
     """The integer dot-product kernels: CPU target on a host with AVX2 (ZINC_CPU_INT8=0 turns them off)."""
     return check_target(target) == "cpu" and dot8.enabled()
 
 
-def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int, ...] | None = None) -> Plan:
+def plan(
+    gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int, ...] | None = None,
+    vulkan_target: str = GENERIC,
+) -> Plan:
     gguf = open_gguf(gguf_path)
     desc = describe(gguf)
     buckets = batch_buckets(batch_sizes)
@@ -151,10 +171,12 @@ def plan(gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int,
         dot8=_use_dot8(kind),
         batch_sizes=buckets,
         kv_write_per_layer=kind == "vulkan",
+        index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
     )
     pause_point("emit")  # tests/faults: killed while the MLIR is generated
-    return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=TARGET_FLAGS[target],
-                repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype)  # fmt: skip
+    return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=_flags(target, vulkan_target),
+                repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype,
+                vulkan_target=vulkan_target if kind == "vulkan" else GENERIC)  # fmt: skip
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
@@ -190,11 +212,12 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
     this one repacks the weights: each keeps one core busy, and neither needs the other's output."""
     say = progress or (lambda _msg: None)
     desc = describe(p.gguf)
-    say(f"iree-compile for {p.target} ({desc.hparams.block_count} layers)")
+    gpu = f" ({p.vulkan_target})" if p.target == "vulkan" else ""
+    say(f"iree-compile for {p.target}{gpu} ({desc.hparams.block_count} layers)")
     t0 = time.perf_counter()
 
     def compiled() -> bytes:
-        vmfb = compile_mlir(p.mlir, p.target)
+        vmfb = compile_mlir(p.mlir, p.target, p.flags[len(TARGET_FLAGS[p.target]) :])
         say(f"compiled in {time.perf_counter() - t0:.1f} s ({len(vmfb) / 1e6:.2f} MB)")
         return vmfb
 
@@ -235,19 +258,23 @@ def ensure_artifact(
     progress: Progress | None = None,
     cache_dir: Path | None = None,
     batch_sizes: tuple[int, ...] | None = None,
+    vulkan_target: str | None = None,
 ) -> Path:
-    """The cached artifact for this GGUF, target and batch buckets, compiling it if absent or broken."""
+    """The cached artifact for this GGUF, target and batch buckets, compiling it if absent or broken.
+    On Vulkan, `vulkan_target` names IREE's GPU target; None: the one of this machine's GPU
+    (`detected_vulkan_target`)."""
     say = progress or (lambda _msg: None)
     gguf = open_gguf(gguf_path)
     kind = check_target(target)
-    key = artifact_key(gguf, target, batch_buckets(batch_sizes))
+    gpu = (vulkan_target or detected_vulkan_target()) if kind == "vulkan" else GENERIC
+    key = artifact_key(gguf, target, batch_buckets(batch_sizes), gpu)
     directory = (cache_dir or cache_root()) / f"{gguf.path.stem}-{kind}-{key}"
     if _cached(directory, gguf, say):
         return directory
     with artifact_lock(directory, say):  # one compile per entry; a process that waited finds it built
         if _cached(directory, gguf, say):
             return directory
-        return compile_model(plan(gguf_path, target, batch_sizes), directory, progress)
+        return compile_model(plan(gguf_path, target, batch_sizes, gpu), directory, progress)
 
 
 def _cached(directory: Path, gguf: GGUFModel, say: Progress) -> bool:

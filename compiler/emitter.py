@@ -59,9 +59,12 @@ def f32_const(x: float) -> str:
 class ModuleEmitter:
     """Collects the text of one MLIR module."""
 
-    def __init__(self, tiled: bool = False, dot8: bool = False) -> None:
+    def __init__(self, tiled: bool = False, dot8: bool = False, index_inputs: bool = False) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
+        # the linalg matmuls read their loop indices from iota inputs (Vulkan GPU targets with
+        # subgroups: zinc.compiler.kernels.with_index_inputs)
+        self.index_inputs = index_inputs
         self.kv_dtype = "f16" if tiled else "f32"  # the KV slab's element type (compiler/paged.py)
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
         self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]] = {}
@@ -151,7 +154,9 @@ class Body:
             return self._linear_tiled(tensor, q, n, k, x, hint)
         ty = q.param_type(n, k)
         w = self.load(self.mod.param(tensor, ty), ty)
-        name = self.mod.helper(matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic))
+        name = self.mod.helper(
+            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, self.mod.index_inputs)
+        )
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
 
     def linears(self, parts: list[tuple[str, QuantType, int]], k: int, x: str) -> list[str]:

@@ -96,12 +96,14 @@ def emit_module(
     dot8: bool = False,
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     kv_write_per_layer: bool = False,
+    index_inputs: bool = False,
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
     one decode entry per batch size (1 is always included: single-sequence decode);
-    `kv_write_per_layer` for Vulkan (see paged.kv_write)."""
-    mod = ModuleEmitter(tiled=tiled, dot8=dot8)
+    `kv_write_per_layer` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
+    with subgroups (zinc.compiler.kernels.with_index_inputs)."""
+    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs)
     mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):

@@ -12,6 +12,8 @@ with importlib.resources).
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from string import Template
@@ -99,8 +101,9 @@ def matmul_name(q: QuantType, n: int, k: int, dynamic: bool) -> str:
     return f"matmul_{q.name.lower()}_{'t' if dynamic else '1'}_{n}x{k}"
 
 
-def render_matmul(q: QuantType, n: int, k: int, dynamic: bool) -> str:
-    """A private func `y[T, n] = x[T, k] @ W[n, k]^T` with W bound raw from the GGUF."""
+def render_matmul(q: QuantType, n: int, k: int, dynamic: bool, index_inputs: bool = False) -> str:
+    """A private func `y[T, n] = x[T, k] @ W[n, k]^T` with W bound raw from the GGUF; with
+    `index_inputs`, the form for GPU targets with subgroups (`with_index_inputs`)."""
     if k % q.block:
         raise UnsupportedModelError(f"{q.name} matrix with {k} columns is not a whole number of blocks")
     subs = {
@@ -116,7 +119,68 @@ def render_matmul(q: QuantType, n: int, k: int, dynamic: bool) -> str:
         "KSCALE": kquant_scale("%upper"),
         **t_dims(dynamic),
     }
-    return template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
+    text = template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
+    return with_index_inputs(text, q.name) if index_inputs else text
+
+
+# The loop indices each quantized matmul's body reads with linalg.index: (SSA name, loop dim, size).
+LOOP_INDICES: dict[str, tuple[tuple[str, int, int], ...]] = {
+    "Q4_0": (("h", 3, 2),),
+    "Q4_1": (("h", 3, 2),),
+    "Q5_0": (("h", 3, 2), ("j", 4, 16)),
+    "Q5_1": (("h", 3, 2), ("j", 4, 16)),
+    "Q4_K": (("u", 3, 2), ("h", 5, 2)),
+    "Q5_K": (("u", 3, 2), ("h", 5, 2), ("c", 4, 2)),
+    "Q6_K": (("mh", 4, 2), ("ml", 5, 2)),
+}
+
+
+def with_index_inputs(text: str, qname: str) -> str:
+    """The matmul `text` with the loop indices of its body read from i32 iota inputs instead of
+    `linalg.index`, the same arithmetic otherwise.
+
+    On GPU targets with subgroups (ampere, rdna3, ...) IREE 3.13 compiles these matmuls with its
+    SubgroupReduce pipeline, which keeps the vectorized `linalg.index` values of the reduction in
+    workgroup memory as `index`, a type SPIR-V cannot store ("failed to legalize operation
+    'memref.alloc' ... memref<576xindex, #spirv.storage_class<Workgroup>>"); an i32 input is
+    stored as i32. The generic target (lavapipe) keeps linalg.index: there the iota form of a
+    one-token matmul crashes IREE's SPIR-V vector unrolling (a segfault in getDimPosition).
+    """
+    found = LOOP_INDICES.get(qname, ())
+    if not found:
+        return text
+    sizes = sorted({size for _, _, size in found})
+    iotas = "".join(
+        f"  %iota{n} = arith.constant dense<[{', '.join(map(str, range(n)))}]> : tensor<{n}xi32>\n" for n in sizes
+    )
+    text = _sub1(r"(  %zero = arith.constant 0\.0 : f32\n)", lambda m: m.group(1) + iotas, text)
+    out_map = re.search(r"affine_map<\(([^)]*)\) -> \(t, n\)>\],", text)
+    if out_map is None:
+        raise AssertionError(f"matmul_{qname} template: no output map")
+    maps = "".join(f"affine_map<({out_map.group(1)}) -> ({var})>,\n        " for var, _, _ in found)
+    text = text[: out_map.start()] + maps + text[out_map.start() :]
+    text = _sub1(r"(ins\([^:]*%xb)( :)", lambda m: m.group(1) + "".join(f", %iota{n}" for _, _, n in found) + m.group(2), text)
+    text = _sub1(
+        r"(xf32>)(\)\n\s*outs\()", lambda m: m.group(1) + "".join(f", tensor<{n}xi32>" for _, _, n in found) + m.group(2), text
+    )
+    args = "".join(f"%{var}_i: i32, " for var, _, _ in found)
+    text = _sub1(r"%xv: f32, %a: f32\):", lambda m: f"%xv: f32, {args}%a: f32):", text)
+    for var, dim, _ in found:
+        cast = f"%{var} = arith.index_cast %{var}_i : i32 to index"
+        text = _sub1(rf"%{var} = linalg\.index {dim} : index", _const(cast), text)
+    return text
+
+
+def _const(text: str) -> Callable[[re.Match[str]], str]:
+    return lambda _m: text
+
+
+def _sub1(pattern: str, repl: Callable[[re.Match[str]], str], text: str) -> str:
+    """`re.sub` that must replace exactly one match (the templates are ours: anything else is a bug)."""
+    out, count = re.subn(pattern, repl, text)
+    if count != 1:
+        raise AssertionError(f"{pattern!r} matched {count} times in a matmul template")
+    return out
 
 
 def gather_name(q: QuantType, rows: int, cols: int, dynamic: bool) -> str:

@@ -1,19 +1,26 @@
 """Compile targets and the one call into iree-compile.
 
 Owns: the table of iree-compile flags per target (`cpu` = llvm-cpu for the host, `vulkan` =
-SPIR-V) and `compile_mlir`, which turns MLIR text into vmfb bytes with a clear error.
+SPIR-V), the Vulkan GPU targets (IREE's `--iree-vulkan-target` names, and `vulkan_target_for`,
+which maps a device's vendor, name and features to one) and `compile_mlir`, which turns MLIR text
+into vmfb bytes with a clear error.
 Imports: iree.compiler (only inside `compile_mlir`: importing it maps about 60 MB of compiler
-library, which serving a cached artifact never needs), zinc.errors.
+library, which serving a cached artifact never needs), zinc.errors, zinc.runtime.vulkan_probe
+(stdlib only: the device's properties).
 """
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import os
+import re
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
 from zinc.errors import CompileError, ZincError
+from zinc.runtime.vulkan_probe import VulkanInfo, probe
 
 # Every entry point takes a wait and a signal fence (IREE's async-external model): the runtime
 # orders calls on one timeline and waits on an eventfd it exports, not with IREE's own wait (see
@@ -72,3 +79,114 @@ def compile_mlir(text: str, target: str, extra_flags: tuple[str, ...] = ()) -> b
     if not isinstance(out, bytes):
         raise CompileError("iree-compile returned no module")
     return out
+
+
+# --- Vulkan GPU targets ---------------------------------------------------------------------------
+# IREE's named Vulkan targets (`--iree-vulkan-target=NAME`, IREE 3.13) that zinc maps GPUs to, and
+# GENERIC: no flag, IREE's baseline SPIR-V (no subgroup operations, integer dot products or
+# cooperative matrices assumed), which every Vulkan device runs, lavapipe included.
+GENERIC = "generic"
+VULKAN_TARGETS = (
+    GENERIC,
+    "ampere", "ada", "turing", "volta", "pascal",  # NVIDIA
+    "rdna1", "rdna2", "rdna3", "rdna4", "cdna1", "cdna2", "cdna3",  # AMD
+    "valhall", "valhall1", "valhall2", "valhall3", "valhall4",  # ARM Mali
+    "adreno",  # Qualcomm
+)  # fmt: skip
+NVIDIA, AMD, INTEL, ARM, QUALCOMM = 0x10DE, 0x1002, 0x8086, 0x13B5, 0x5143
+
+
+@dataclass(frozen=True)
+class GpuProperties:
+    """What picks a Vulkan target (zinc.runtime.vulkan_probe.VulkanInfo has these fields)."""
+
+    name: str
+    vendor_id: int
+    device_type: str = "discrete"  # discrete, integrated, virtual, cpu, other
+    subgroup_size: int = 0
+    integer_dot_product: bool = False
+    cooperative_matrix: bool = False
+    storage_16bit: bool = False
+
+
+# (vendor, name patterns, IREE target): first match wins; patterns are regexes on the upper-cased
+# device name as the driver reports it (the marketing name, and on Mesa's RADV the chip: NAVI31).
+_BY_NAME: tuple[tuple[int, str, str], ...] = (
+    # Hopper (H100/H200/GH200) has no IREE Vulkan target: Ampere's is the nearest (same
+    # subgroup size, integer dot products and f16 cooperative matrices)
+    (NVIDIA, r"\bG?H[12]00\b|\bH800\b|HOPPER", "ampere"),
+    (NVIDIA, r"RTX [0-9]*\s*ADA|RTX 40[0-9]{2}|\bL4\b|\bL40S?\b|\bL20\b", "ada"),
+    (NVIDIA, r"RTX 30[0-9]{2}|\bA(100|800|40|30|16|10G?|2)\b|RTX A[0-9]{4}", "ampere"),
+    (NVIDIA, r"RTX 20[0-9]{2}|GTX 16[0-9]{2}|\bT4\b|QUADRO RTX|TITAN RTX", "turing"),
+    (NVIDIA, r"V100|TITAN V\b", "volta"),
+    (NVIDIA, r"GTX 10[0-9]{2}|\bP(100|40|4)\b|TITAN X", "pascal"),
+    (AMD, r"RX 9[0-9]{3}|GFX12|NAVI4", "rdna4"),
+    (AMD, r"RX 7[0-9]{3}|GFX11|NAVI3|RADEON 7[0-9]0M|RADEON 8[0-9]0M|PHOENIX|STRIX", "rdna3"),
+    (AMD, r"RX 6[0-9]{3}|GFX103|NAVI2|RADEON 6[0-9]0M|REMBRANDT|VAN GOGH", "rdna2"),
+    (AMD, r"RX 5[0-9]{3}|GFX101|NAVI1", "rdna1"),
+    (AMD, r"MI3[0-9]{2}|GFX94", "cdna3"),
+    (AMD, r"MI2[0-9]{2}|GFX90A", "cdna2"),
+    (AMD, r"MI100|GFX908", "cdna1"),
+    (ARM, r"MALI-G(57|68|77|78|[3-9][0-9]{2})|IMMORTALIS", "valhall"),
+    (QUALCOMM, r"ADRENO", "adreno"),
+)
+
+
+def vulkan_target_for(gpu: GpuProperties) -> str:
+    """IREE's Vulkan target for a device: by vendor and name, else by what the device reports
+    (a newer NVIDIA or AMD GPU with cooperative matrices takes the newest target zinc knows of its
+    vendor); GENERIC for a CPU implementation (lavapipe, SwiftShader), Intel (IREE 3.13 has no
+    Intel Vulkan target), and anything not recognised: a named target assumes features, and a
+    module that assumes one the device lacks does not load."""
+    if gpu.device_type == "cpu":
+        return GENERIC
+    upper = gpu.name.upper()
+    for vendor, pattern, target in _BY_NAME:
+        if gpu.vendor_id == vendor and re.search(pattern, upper):
+            return target
+    if gpu.cooperative_matrix and gpu.integer_dot_product:
+        return {NVIDIA: "ampere", AMD: "rdna3"}.get(gpu.vendor_id, GENERIC)
+    return GENERIC
+
+
+def check_vulkan_target(name: str) -> str:
+    if name not in VULKAN_TARGETS:
+        raise ZincError(f"unknown Vulkan target {name!r}: choose one of {', '.join(VULKAN_TARGETS)}")
+    return name
+
+
+def vulkan_target_flags(name: str) -> tuple[str, ...]:
+    """The iree-compile flags of a Vulkan target (none for GENERIC)."""
+    return () if check_vulkan_target(name) == GENERIC else (f"--iree-vulkan-target={name}",)
+
+
+def index_inputs(name: str) -> bool:
+    """Whether the Vulkan target's linalg matmuls read their loop indices from iota inputs
+    (zinc.compiler.kernels.with_index_inputs): every named GPU target, not GENERIC."""
+    return check_vulkan_target(name) != GENERIC
+
+
+def gpu_properties(info: VulkanInfo) -> GpuProperties:
+    return GpuProperties(
+        name=info.name, vendor_id=info.vendor_id, device_type=info.device_type, subgroup_size=info.subgroup_size,
+        integer_dot_product=info.integer_dot_product, cooperative_matrix=info.cooperative_matrix,
+        storage_16bit=info.storage_16bit,
+    )  # fmt: skip
+
+
+def pick_device(devices: list[VulkanInfo]) -> VulkanInfo | None:
+    """The device zinc runs on, as zinc.runtime.device picks it: the first that is not a CPU
+    implementation, else the first."""
+    gpus = [d for d in devices if d.device_type != "cpu"]
+    return next(iter(gpus or devices), None)
+
+
+@cache
+def detected_vulkan_target() -> str:
+    """The Vulkan target of this machine's GPU: `$ZINC_VULKAN_TARGET` when set, else the device's
+    properties (zinc.runtime.vulkan_probe) through `vulkan_target_for`; GENERIC with no device."""
+    forced = os.environ.get("ZINC_VULKAN_TARGET")
+    if forced:
+        return check_vulkan_target(forced)
+    device = pick_device(probe())
+    return GENERIC if device is None else vulkan_target_for(gpu_properties(device))

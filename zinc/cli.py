@@ -26,7 +26,14 @@ from rich.markup import escape
 
 from zinc.cli_models import DEFAULT_MAX_QUEUE, CliLoader, model_app, pick_model, registry
 from zinc.compiler.build import compile_model, ensure_artifact, plan
-from zinc.compiler.targets import TARGETS
+from zinc.compiler.targets import (
+    GENERIC,
+    TARGETS,
+    VULKAN_TARGETS,
+    check_target,
+    check_vulkan_target,
+    detected_vulkan_target,
+)
 from zinc.engine.generate import generate_ids
 from zinc.engine.manager import EngineManager
 from zinc.errors import ZincError
@@ -97,6 +104,13 @@ def compile_cmd(
         Path | None, typer.Option("--output", "-o", help="Artifact directory (default: the cache)")
     ] = None,
     keep_ir: Annotated[bool, typer.Option("--keep-ir", help="Also write the generated MLIR")] = False,
+    vulkan_target: Annotated[
+        str | None,
+        typer.Option(
+            "--vulkan-target",
+            help=f"IREE GPU target for --target vulkan ({'|'.join(VULKAN_TARGETS)}; default: this machine's GPU)",
+        ),
+    ] = None,
     batch: Annotated[
         str | None,
         typer.Option(
@@ -107,11 +121,16 @@ def compile_cmd(
     """Compile MODEL.gguf into an artifact directory (vmfb + manifest.json)."""
     path = model_path(model)
     sizes = parse_batch(batch)
+    check_target(target)
+    if vulkan_target is not None and target != "vulkan":
+        fail("--vulkan-target needs --target vulkan")
+    gpu = check_vulkan_target(vulkan_target) if vulkan_target else None
     with err.status(f"compiling {path.name} for {target}..."):
         if output is None:
-            artifact = ensure_artifact(path, target, progress, batch_sizes=sizes)
+            artifact = ensure_artifact(path, target, progress, batch_sizes=sizes, vulkan_target=gpu)
         else:
-            artifact = compile_model(plan(path, target, sizes), output, progress, keep_ir=keep_ir)
+            gpu = gpu or (detected_vulkan_target() if target == "vulkan" else GENERIC)
+            artifact = compile_model(plan(path, target, sizes, gpu), output, progress, keep_ir=keep_ir)
     typer.echo(str(artifact))
 
 
