@@ -33,6 +33,7 @@ from zinc.artifact import (
     write_artifact,
 )
 from zinc.compiler import dot8, llama
+from zinc.compiler.embed import pools
 from zinc.compiler.emitter import LAYOUTS
 from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
 from zinc.compiler.kernels import QuantType
@@ -231,7 +232,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
             gguf_file_size=p.gguf.file_size,
             architecture=desc.hparams.architecture,
             hparams=desc.hparams,
-            entry_points=entry_points(p.batch_sizes, check_target(p.target) == "cpu"),
+            entry_points=entry_points(p.batch_sizes, check_target(p.target) == "cpu", pools(desc.hparams)),
             batch_sizes=list(p.batch_sizes),
             vmfb=f"model.{p.target}.vmfb",
             vmfb_sha256=sha256_bytes(vmfb),

@@ -31,6 +31,10 @@ so every step takes the slots of the cached positions it attends over:
       -> (rows [L,2,B,Hkv,hd], logits [B,V], tokens [B] i32)      B sequences, one token each;
                                                                   row b sees ctx[b, :pos[b]]
   kv_write(cache, rows [L,2,T,Hkv,hd], slots [T] i32) -> cache    in place (`iree.abi.output = 0`)
+  embed(ids [T] i32) -> hidden [T, d]                             (pooling models only,
+                                                                  zinc.compiler.embed) a whole
+                                                                  input, no cache: its final
+                                                                  hidden states after output_norm
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
 prefill_x{N} has one entry per bucket N > 1: the matmuls, norms and RoPE run over all T rows at
@@ -76,10 +80,12 @@ def packed_sizes(batch_sizes: tuple[int, ...], tiled: bool) -> list[int]:
     return sorted(set(batch_sizes) - {1}) if tiled else []
 
 
-def entry_points(batch_sizes: tuple[int, ...], tiled: bool) -> list[str]:
-    """Every entry point `emit_module` emits for these buckets (the manifest lists them)."""
+def entry_points(batch_sizes: tuple[int, ...], tiled: bool, embed: bool = False) -> list[str]:
+    """Every entry point `emit_module` emits for these buckets (the manifest lists them); `embed`
+    for a model that pools (zinc.compiler.embed.pools)."""
     decode = [decode_entry(b) for b in sorted({1, *batch_sizes})]
-    return [*ENTRY_POINTS, *decode, *(packed_entry(n) for n in packed_sizes(batch_sizes, tiled))]
+    packed = (packed_entry(n) for n in packed_sizes(batch_sizes, tiled))
+    return [*ENTRY_POINTS, *decode, *packed, *(["embed"] if embed else [])]
 
 
 def cache_type(desc: ModelDescription, dt: str = "f32") -> str:
@@ -111,6 +117,10 @@ def emit_module(
     for n in packed_sizes(batch_sizes, tiled):  # the CPU: several prompts' last chunks in one call
         mod.entries.append(_Entry(mod, desc, batch=0, segments=n).text(packed_entry(n)))
     mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer, mod.kv_dtype))
+    from zinc.compiler import embed  # not at the top: it builds on _Entry
+
+    if embed.pools(desc.hparams):
+        mod.entries.append(embed.EmbedEntry(mod, desc).text("embed"))
     return mod
 
 
@@ -161,23 +171,11 @@ class _Entry:
 
     def text(self, name: str) -> str:
         hp, b = self.hp, self.b
-        d, nv = hp.embedding_length, hp.vocab_size
-        ct, t = cache_type(self.desc, self.mod.kv_dtype), b.t
+        nv = hp.vocab_size
+        ct = cache_type(self.desc, self.mod.kv_dtype)
         b.emit("%c0 = arith.constant 0 : index")
         args = self._arguments()
-        b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{t}xi32>")
-        q_embd = self.q("token_embd.weight")
-        embd = b.load(self.mod.param("token_embd.weight", q_embd.param_type(nv, d)), q_embd.param_type(nv, d))
-        x = b.gather(q_embd, embd, nv, d, "%ids")  # [T, d]
-        if hp.embedding_scale != 1.0:
-            x = b.scale(x, hp.embedding_scale, d, "inp_scaled")
-        new_rows = b.fresh("kv_new")
-        b.emit(f"{new_rows} = tensor.empty({'%T' if self.dynamic else ''}) : {self.rows_type}")
-        pending: str | None = None  # the last layer's FFN output, added to x by the next norm
-        for il in range(hp.block_count):
-            x, pending, new_rows = self.layer(il, x, pending, new_rows)
-        if pending is not None:
-            x = b.elementwise("add", x, pending, d, "l_out")
+        x, new_rows = self.trunk()
         if self.rows_only:
             b.emit(f"return {new_rows} : {self.rows_type}")
             sig = f"func.func @{name}(%cache: {ct}, {args}) -> {self.rows_type} {{"
@@ -194,6 +192,26 @@ class _Entry:
         b.emit(f"return {', '.join(v for v, _ in results)} : {', '.join(ty for _, ty in results)}")
         sig = f"func.func @{name}(%cache: {ct}, {args}) -> ({', '.join(ty for _, ty in results)}) {{"
         return "\n".join([sig, *b.lines, "}"])
+
+    def trunk(self) -> tuple[str, str]:
+        """The token embeddings of %ids through every layer: the residual stream [T, d] before
+        output_norm, and the step's K/V rows."""
+        hp, b = self.hp, self.b
+        d, nv = hp.embedding_length, hp.vocab_size
+        b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{b.t}xi32>")
+        q_embd = self.q("token_embd.weight")
+        embd = b.load(self.mod.param("token_embd.weight", q_embd.param_type(nv, d)), q_embd.param_type(nv, d))
+        x = b.gather(q_embd, embd, nv, d, "%ids")  # [T, d]
+        if hp.embedding_scale != 1.0:
+            x = b.scale(x, hp.embedding_scale, d, "inp_scaled")
+        new_rows = b.fresh("kv_new")
+        b.emit(f"{new_rows} = tensor.empty({'%T' if self.dynamic else ''}) : {self.rows_type}")
+        pending: str | None = None  # the last layer's FFN output, added to x by the next norm
+        for il in range(hp.block_count):
+            x, pending, new_rows = self.layer(il, x, pending, new_rows)
+        if pending is not None:
+            x = b.elementwise("add", x, pending, d, "l_out")
+        return x, new_rows
 
     def _arguments(self) -> str:
         """The entry's arguments after the cache; binds %ids, %ctx and %start or %pos."""
@@ -302,9 +320,14 @@ class _Entry:
             return att, new_rows
         if self.segments:
             return self.segment_attention(il, qc, new_kv), new_rows
-        k, v = (paged.context_kv(b, hp, "%ctx", il, part, new_kv[part]) for part in (0, 1))  # [S, Hkv, hd]
+        k, v = self.context_kv(il, new_kv)
         att = b.attention_window(qc, (k, v), "%start", nh, nkv, hd, hp.q_scale(), hp.window(il))
         return att, new_rows
+
+    def context_kv(self, il: int, new_kv: list[str]) -> tuple[str, str]:
+        """A prefill's keys and values by position [S, Hkv, hd]: the cached rows, then this step's."""
+        k, v = (paged.context_kv(self.b, self.hp, "%ctx", il, part, new_kv[part]) for part in (0, 1))
+        return k, v
 
     def segment_attention(self, il: int, qc: str, new_kv: list[str]) -> str:
         """A packed prefill's attention: each segment's, as a lone prefill of it computes it, put

@@ -12,7 +12,9 @@ call, CPU artifacts), `decode_batch` (one token for each of up to max(batch_size
 padded to a compiled bucket; it returns once enqueued, and reading the step waits for it) and
 `decode_next` (the step after one of those, fed its greedy tokens on the device, so it can be
 enqueued before that one is read), each given the slots of the positions it reads and writes;
-`prefill` / `decode` are the single-sequence forms with slot = position. Only the greedy tokens
+`prefill` / `decode` are the single-sequence forms with slot = position; `embed` (pooling models'
+artifacts) returns a whole input's final hidden states from one call that neither reads nor writes
+the slab. Only the greedy tokens
 (4 bytes each) cross back to the host unless the caller asks for logits. `layer_major` puts rows
 held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).
 Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model,
@@ -193,6 +195,7 @@ class ModelSession:
         entries = set(self.manifest.entry_points)
         self._packed = {b: self.module.fn(f"prefill_x{b}") for b in self.batch_sizes if f"prefill_x{b}" in entries}
         self._kv_write = self.module.fn("kv_write")
+        self._embed = self.module.fn("embed") if "embed" in entries else None
         self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
         self.kv_dtype = self.manifest.kv_cache.dtype  # f16 on the CPU, f32 on Vulkan
         if self.kv_dtype not in ELEMENT_TYPES:
@@ -218,6 +221,23 @@ class ModelSession:
     def packed_tokens(self) -> int:
         """The most tokens one `prefill_packed` call takes, all its prompts together."""
         return PREFILL_CHUNK[self.manifest.target]
+
+    @property
+    def embeds(self) -> bool:
+        """Whether the artifact has `embed` (its GGUF declares a mean, cls or last pooling)."""
+        return self._embed is not None
+
+    def embed(self, ids: Sequence[int]) -> np.ndarray[Any, np.dtype[np.float32]]:
+        """The final hidden states [T, d] (after output_norm) of `ids` at positions 0.., in one
+        call that neither reads nor writes the KV slab."""
+        if self._embed is None:
+            raise InvalidRequestError("this model declares no pooling (GGUF {arch}.pooling_type): it has no embeddings")
+        arr = self._check(ids, 0)
+        chunk = PREFILL_CHUNK[self.manifest.target]
+        if self.manifest.target == "vulkan" and arr.size > chunk:  # the softmax over more rows is wrong there
+            raise InvalidRequestError(f"on Vulkan an embedding input holds at most {chunk} tokens", param="input")
+        hidden = self._embed(self.module.to_device(arr))
+        return np.asarray(to_host(hidden, self.device), dtype=np.float32)
 
     def kv_cache_bytes(self) -> int:
         return self.kv_slots * int(np.prod(self.row_shape)) * ELEMENT_TYPES[self.kv_dtype][0].itemsize

@@ -32,12 +32,15 @@ was run for nothing and is dropped. A waiting request stops the chain (its promp
 the steps already enqueued); any change (a new prompt, an end, a cancel) reads the steps in flight
 back first, then plans again. A cancelled sequence stops and frees its pages at the next step
 boundary. A model error ends the sequences of that step with an "error" event; the loop keeps
-serving.
+serving. `call` runs another device call on the loop (an embedding): between steps, after those
+in flight are read back, ahead of the next iteration's prefills (it stops a chain as a waiting
+request does); its future holds the result or the error.
 Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import operator
@@ -152,6 +155,7 @@ class Scheduler:
         self._started = 0.0  # when the oldest step on the device started there (time.monotonic)
         self._step_times: deque[float] = deque(maxlen=STEP_TIMES)  # the last steps' device times
         self._timed: list[_Sequence] = []  # the batch they were timed on
+        self._calls: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()  # `call`s to run
         self._thread = threading.Thread(target=self._loop, name="zinc-scheduler", daemon=True)
 
     # --- the caller's side (any thread) --------------------------------------------------------
@@ -170,6 +174,7 @@ class Scheduler:
                 for seq in [*self._running, *self._waiting]:
                     self._finish(seq, "abort")
                 self._waiting.clear()
+                self._abort_calls()
 
     def wake(self) -> None:
         with self._cond:
@@ -194,6 +199,19 @@ class Scheduler:
             self._cond.notify_all()
         return SequenceHandle(self, seq)
 
+    def call(self, fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+        """Run `fn` (a device call) on the loop's thread between steps; past `max_queue` calls
+        waiting, `QueueFullError` at once."""
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        with self._cond:
+            if self._closed:
+                raise EngineClosedError("the engine is shutting down; retry later")
+            if len(self._calls) >= self.max_queue:
+                raise QueueFullError(f"the server is busy: {len(self._calls)} calls waiting; retry later")
+            self._calls.append((fn, future))
+            self._cond.notify_all()
+        return future
+
     def release_session(self, session_id: str) -> bool:
         with self._cond:
             return self.pool.unpin(session_id)
@@ -207,7 +225,7 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and not self._waiting and not self._running and not self._inflight:
+                while not (self._closed or self._waiting or self._running or self._inflight or self._calls):
                     self._cond.wait()
                 if self._closed:
                     break
@@ -236,6 +254,7 @@ class Scheduler:
                 else:
                     self._guard(self._inflight[0].group, self._complete, self._inflight[0])
                 continue  # plan again: that step's tokens changed what runs next
+            self._run_calls()
             self._prefills(prefills)
             for at in range(0, len(decode), self.model.max_batch):
                 group = decode[at : at + self.model.max_batch]
@@ -243,6 +262,26 @@ class Scheduler:
         with self._cond:
             for seq in [*self._running, *self._waiting]:
                 self._finish(seq, "abort")
+            self._abort_calls()
+
+    def _abort_calls(self) -> None:
+        """Fail the `call`s still waiting: the engine closed (the lock is held)."""
+        for _, future in self._calls:
+            future.set_exception(EngineClosedError("the engine shut down before this request finished; retry it"))
+        self._calls.clear()
+
+    def _run_calls(self) -> None:
+        """The `call`s waiting now, in order (new ones wait for the next iteration)."""
+        with self._cond:
+            calls = list(self._calls)
+            self._calls.clear()
+        for fn, future in calls:
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as exc:  # the caller's: a device failure fails this call only
+                future.set_exception(exc)
 
     def _guard(self, seqs: list[_Sequence], run: Callable[[T], None], arg: T) -> None:
         try:
@@ -455,7 +494,7 @@ class Scheduler:
         (the lock is held), before they are read back: the same sequences (all that run, in one
         batch), each taking the device's greedy token and sure to need that step (its token within
         max_tokens, its position within the context)."""
-        if not group or len(group) > self.model.max_batch:
+        if not group or len(group) > self.model.max_batch or self._calls:
             return False
         if self._inflight and not _same(group, self._inflight[-1].group):
             return False

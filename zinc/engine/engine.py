@@ -10,7 +10,10 @@ the request's event loop through one `EventRelay` per loop (a step's tokens wake
 request's grammar (constrained decoding), sampling and logprobs are its `TokenPicker`; each
 token's logprobs ride on the delta that carries the token, even when its text is held back.
 `session_id` keeps a conversation's pages cached between requests until `release_session`.
-Imports: zinc.engine (types, generate, batcher, relay, stops, constraint), zinc.runtime.session,
+`embed` (an `Embedder`, zinc.engine.embeddings): each input's final hidden states from the
+session's `embed` call, one input per call on the scheduler's thread (decode steps go on between
+them), pooled as the GGUF declares and normalized here.
+Imports: zinc.engine (types, generate, batcher, relay, stops, constraint, embeddings), zinc.runtime.session,
 zinc.tokenizer, zinc.errors.
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 
 from zinc.engine.batcher import Scheduler
 from zinc.engine.constraint import GrammarMatcher
+from zinc.engine.embeddings import Embeddings, normalize, pool
 from zinc.engine.generate import Sampled, TokenPicker
 from zinc.engine.relay import EventChannel, EventRelay
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest
@@ -39,7 +43,7 @@ from zinc.engine.types import (
     TopLogprob,
     Usage,
 )
-from zinc.errors import ContextLengthExceededError, EngineClosedError, ZincError
+from zinc.errors import ContextLengthExceededError, EngineClosedError, InvalidRequestError, ZincError
 from zinc.runtime.session import ModelSession
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
 
@@ -178,6 +182,39 @@ class LocalEngine:
             yield TextDelta(tail, (), finish, usage, stop_sequence=stops.matched)
         finally:
             handle.cancel()  # a no-op once finished; else the pages are freed at the next step
+
+    @property
+    def pooling(self) -> str:
+        """The model's pooling ("none" unless its artifact has `embed`)."""
+        return self.session.hparams.pooling if self.session.embeds else "none"
+
+    @property
+    def embedding_length(self) -> int:
+        return self.session.hparams.embedding_length
+
+    async def embed(self, inputs: Sequence[Sequence[int]], dimensions: int | None = None) -> Embeddings:
+        pooling = self.pooling
+        if pooling == "none":
+            declared = self.session.hparams.pooling
+            why = "declares no pooling" if declared == "none" else f"declares {declared!r} pooling, which zinc does not embed with"
+            raise InvalidRequestError(
+                f"The model '{self.model_id}' {why} (GGUF {self.session.hparams.architecture}.pooling_type): "
+                "it is not an embedding model.", param="model",
+            )  # fmt: skip
+        for ids in inputs:
+            if not ids:
+                raise InvalidRequestError("an embedding input must hold at least one token", param="input")
+            if min(ids) < 0 or max(ids) >= self.session.vocab_size:
+                raise InvalidRequestError(f"token ids must be in [0, {self.session.vocab_size})", param="input")
+            if len(ids) > self.context_length:
+                exc = ContextLengthExceededError(len(ids), self.context_length)
+                exc.param = "input"
+                raise exc
+        vectors = []
+        for ids in inputs:  # one call each: the running sequences' steps go on between them
+            hidden = await asyncio.wrap_future(self.scheduler.call(partial(self.session.embed, list(ids))))
+            vectors.append(normalize(pool(hidden, pooling), dimensions))
+        return Embeddings(vectors, sum(len(ids) for ids in inputs))
 
     def _logprob(self, sampled: Sampled) -> TokenLogprob:
         def piece(token: int) -> tuple[str, bytes]:

@@ -8,8 +8,9 @@ in flight has finished, swaps, and reopens. A request is "in flight" from its fi
 engine (tokenize, template, generate) until its handler returns: the server wraps each handler in
 `scope()`, and the first engine call inside it pins that engine, so one request never mixes two
 models. Activation runs as a task of its own, so a client that goes away does not abort it.
-`observers` wrap every generation's event stream (the server's metrics use this).
-Imports: zinc.engine.{types, models}, zinc.errors, the stdlib.
+`observers` wrap every generation's event stream (the server's metrics use this). `embed` goes to
+the active engine when it is an `Embedder` (zinc.engine.embeddings).
+Imports: zinc.engine.{types, models, embeddings}, zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from zinc.engine.embeddings import Embedder, Embeddings
 from zinc.engine.models import (
     ManagementUnsupportedError,
     ModelConflictError,
@@ -128,6 +130,22 @@ class EngineManager:
         return self._use().apply_chat_template(
             messages, add_generation_prompt=add_generation_prompt, **kwargs
         )
+
+    @property
+    def pooling(self) -> str:
+        engine = self._use()
+        return engine.pooling if isinstance(engine, Embedder) else "none"
+
+    @property
+    def embedding_length(self) -> int:
+        engine = self._use()
+        return engine.embedding_length if isinstance(engine, Embedder) else 0
+
+    async def embed(self, inputs: Sequence[Sequence[int]], dimensions: int | None = None) -> Embeddings:
+        engine = self._use()
+        if not isinstance(engine, Embedder):
+            raise InvalidRequestError(f"The model '{engine.model_id}' does not serve embeddings.", param="model")
+        return await engine.embed(inputs, dimensions)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         scope = self._scope()

@@ -1,6 +1,6 @@
 """The model description: hyperparameters and expected tensors, read from GGUF metadata.
 
-Owns: `HParams` (field names mirror GGUF's `{arch}.*` keys; the layer recipe's switches — RoPE
+Owns: `HParams` (field names mirror GGUF's `{arch}.*` keys, `pooling_type` included; the layer recipe's switches — RoPE
 mode, biases, QK-norm, post-norms, GELU, sliding windows, scales — are fields too, so the compiled
 graph and the numpy reference read one description), `ModelDescription` (hparams plus the quant
 type of every tensor the graph reads), the architecture registry, `base_hparams` (the keys every
@@ -19,6 +19,8 @@ from typing import Any
 
 from zinc.errors import GGUFError, UnsupportedModelError
 from zinc.model.gguf_file import GGUFModel
+
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,14 @@ class HParams:
     attn_qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (qwen3, gemma3)
     post_norms: bool = False  # post_attention_norm and post_ffw_norm before each residual (gemma3)
     ffn_activation: str = "silu"  # gated FFN activation: "silu" (SwiGLU) or "gelu" (tanh GELU)
+    # {arch}.pooling_type, llama.cpp's enum (POOLING_TYPES): how an embedding model pools its
+    # final hidden states; 0 (none) for a chat model. A pooling model's artifact has `embed`.
+    pooling_type: int = 0
+
+    @property
+    def pooling(self) -> str:
+        """The pooling's name ("none", "mean", "cls", "last" or "rank"; "unknown" past the enum)."""
+        return POOLING_TYPES.get(self.pooling_type, "unknown")
 
     def is_swa(self, il: int) -> bool:
         """Whether layer `il` uses the sliding window (llama.cpp's set_swa_pattern, dense last)."""
@@ -167,6 +177,7 @@ def base_hparams(model: GGUFModel, arch: str, **recipe: Any) -> HParams:
         "context_length": meta_int(model, f"{a}.context_length", 2048),
         "tied_output": "output.weight" not in model.tensors,
         "rope_freq_scale": rope_scaling(model, a),
+        "pooling_type": meta_int(model, f"{a}.pooling_type", 0),
         **recipe,
     }
     hp = HParams(**fields)

@@ -11,7 +11,7 @@ kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K o
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
 do. With `kv_f16`, cached keys and values are rounded to f16 as the CPU's KV slab stores them
 (the step that computes a position reads it rounded too). Slow by design; used by tests and for
-debugging.
+debugging. `hidden` stops before the output head: the final hidden states an embedding pools.
 Imports: numpy, gguf, zinc.model.
 """
 
@@ -167,6 +167,17 @@ class ReferenceModel:
 
     def forward(self, ids: list[int]) -> F64:
         """Run `ids` after what is already cached; returns the logits of every new position [T, V]."""
+        hp = self.hp
+        out = "token_embd.weight" if hp.tied_output else "output.weight"
+        logits = self._mm(self.hidden(ids), out)
+        if hp.final_logit_softcapping:
+            cap = hp.final_logit_softcapping
+            logits = cap * np.tanh(logits / cap)
+        return np.asarray(logits)
+
+    def hidden(self, ids: list[int]) -> F64:
+        """Run `ids` after what is already cached; returns the final hidden states of every new
+        position after output_norm [T, d] (what an embedding model pools)."""
         hp, w = self.hp, self.w
         start = self.k.shape[1]
         pos = np.arange(start, start + len(ids), dtype=np.float64)
@@ -192,9 +203,4 @@ class ReferenceModel:
                 ffn = self._rms(ffn, w[p + "post_ffw_norm.weight"])
             x = x + ffn
         self.k, self.v = np.stack(ks), np.stack(vs)
-        out = "token_embd.weight" if hp.tied_output else "output.weight"
-        logits = self._mm(self._rms(x, w["output_norm.weight"]), out)
-        if hp.final_logit_softcapping:
-            cap = hp.final_logit_softcapping
-            logits = cap * np.tanh(logits / cap)
-        return np.asarray(logits)
+        return self._rms(x, w["output_norm.weight"])

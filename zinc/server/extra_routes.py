@@ -1,12 +1,12 @@
 """The routes beyond the core OpenAI ones: the OpenAI Responses API, the Anthropic Messages API,
-llama.cpp's /infill, model management, operator endpoints and the chat UI.
+OpenAI's embeddings, llama.cpp's /infill, model management, operator endpoints and the chat UI.
 
 Owns: `extra_routes()`, the table the router merges over its own (same path: this one wins), and
 which of these paths are public; `/props` lists the table's endpoints. Every route that uses the
-model (chat, completions, responses, messages, count_tokens, tokenize, detokenize,
+model (chat, completions, responses, messages, count_tokens, embeddings, tokenize, detokenize,
 apply-template) runs inside `EngineManager.scope()`, so a model swap waits for it and it never
 sees two models.
-Imports: zinc.engine.manager, zinc.server.{anthropic_api, api, config, exchange, infill_api, metrics,
+Imports: zinc.engine.manager, zinc.server.{anthropic_api, api, config, embeddings_api, exchange, infill_api, metrics,
 models_api, operator_api, responses_api, routes, ui}, the stdlib.
 """
 
@@ -16,6 +16,7 @@ from zinc.engine.manager import EngineManager
 from zinc.server.anthropic_api import AnthropicApi
 from zinc.server.api import OpenAIApi
 from zinc.server.config import ServerConfig
+from zinc.server.embeddings_api import EmbeddingsApi
 from zinc.server.exchange import Exchange, HttpRequest
 from zinc.server.infill_api import InfillApi
 from zinc.server.metrics import ServerMetrics
@@ -45,12 +46,14 @@ def extra_routes(
     anthropic = AnthropicApi(api)
     responses = ResponsesApi(api)
     infill = InfillApi(api)
+    embeddings = EmbeddingsApi(api)
     table: RouteTable = {
         "/v1/chat/completions": {"POST": scoped(manager, api.chat_completions)},
         "/v1/completions": {"POST": scoped(manager, api.completions)},
         "/v1/responses": {"POST": scoped(manager, responses.create)},
         "/v1/messages": {"POST": scoped(manager, anthropic.messages)},
         "/v1/messages/count_tokens": {"POST": scoped(manager, anthropic.count_tokens)},
+        "/v1/embeddings": {"POST": scoped(manager, embeddings.create)},
         "/v1/models": {"GET": models.list},
         "/v1/models/pull": {"POST": models.pull},
         "/v1/models/activate": {"POST": models.activate},

@@ -1,0 +1,82 @@
+"""Tier 3: the compiled `embed` entry point against the float64 numpy reference.
+
+The fixture `tiny-qwen3-embed` is a qwen3 GGUF that declares last-token pooling
+(`qwen3.pooling_type` = 3), as Qwen3-Embedding's does. `embed` returns the final hidden states
+after output_norm of every token; they, and the pooled, normalized vector the server returns, must
+match the reference's `hidden` to the tolerance of the logits tests. `embed` neither reads nor
+writes the KV slab: a sequence decoding around it gets the same logits as without it. A chat
+model's artifact has no `embed`, and its engine refuses embeddings with a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import SessionFactory, device_params, reference_model
+from tests.model.test_fixture_numerics import TOL, TOL_Q8, rel_err
+from zinc.engine.embeddings import normalize, pool
+from zinc.engine.engine import LocalEngine
+from zinc.errors import InvalidRequestError
+from zinc.model.gguf_file import open_gguf
+from zinc.tokenizer import ChatTemplate, Tokenizer
+
+SHORT = [3, 17, 200, 5, 9, 11]  # within one Vulkan prefill chunk (8 tokens)
+LONG = [(i * 37 + 5) % 300 for i in range(150)]  # more than one CPU prefill chunk (128 tokens)
+
+
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+def test_embed_matches_reference(
+    device: str, tiny_models: dict[str, Path], open_session: SessionFactory
+) -> None:
+    path = tiny_models["tiny-qwen3-embed"]
+    session = open_session(path, device)
+    assert session.embeds and session.hparams.pooling == "last"
+    ref = reference_model(path, device)
+    tol = TOL_Q8 if ref.q8_activations else TOL
+    inputs = [SHORT] if device == "vulkan" else [SHORT, LONG]
+    for ids in inputs:
+        hidden = session.embed(ids)
+        ref.reset()
+        expect = ref.hidden(ids)
+        assert hidden.shape == (len(ids), session.hparams.embedding_length)
+        assert rel_err(hidden, expect) < tol, f"{len(ids)} tokens"
+        for pooling in ("last", "mean", "cls"):
+            got, want = normalize(pool(hidden, pooling)), normalize(pool(expect, pooling))
+            assert np.abs(got - want).max() < 10 * tol, pooling
+            assert abs(float(np.linalg.norm(got)) - 1.0) < 1e-5
+    # the first token's state does not depend on what follows it (causal attention from position 0)
+    assert rel_err(session.embed(SHORT[:1])[0], session.embed(SHORT)[0]) < 1e-5
+
+
+def test_embed_leaves_the_cache_alone(tiny_models: dict[str, Path], open_session: SessionFactory) -> None:
+    path = tiny_models["tiny-qwen3-embed"]
+    session = open_session(path, "cpu")
+    ref = reference_model(path, "cpu")
+    tol = TOL_Q8 if ref.q8_activations else TOL
+    ref.reset()
+    step = session.prefill(SHORT)
+    assert rel_err(step.logits(), ref.forward(SHORT)[-1]) < tol
+    session.embed(LONG)  # between a sequence's prefill and its decode
+    step = session.decode(42, len(SHORT))
+    assert rel_err(step.logits(), ref.forward([42])[-1]) < tol
+
+
+def test_chat_model_has_no_embed(tiny_models: dict[str, Path], open_session: SessionFactory) -> None:
+    session = open_session(tiny_models["tiny-qwen3"], "cpu")
+    assert not session.embeds and "embed" not in session.manifest.entry_points
+    with pytest.raises(InvalidRequestError, match="declares no pooling"):
+        session.embed(SHORT)
+    meta = open_gguf(tiny_models["tiny-qwen3"]).metadata
+    tokenizer = Tokenizer.from_metadata(meta)
+    engine = LocalEngine(session, tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "tiny-qwen3")
+    try:
+        assert engine.pooling == "none"
+        with pytest.raises(InvalidRequestError, match="declares no pooling") as info:
+            asyncio.run(engine.embed([SHORT]))
+        assert info.value.param == "model"
+    finally:
+        engine.close()

@@ -1,0 +1,142 @@
+"""Embeddings below the HTTP layer: pooling and normalization (zinc.engine.embeddings), the
+request parser (zinc.server.embeddings_api), the pooling metadata (`{arch}.pooling_type`), the
+`embed` entry in the emitted module, and `Scheduler.call` (an embedding's device call on the
+scheduler's thread)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
+from tests.unit.test_batcher import Run
+from zinc.compiler.graph import emit_module, entry_points
+from zinc.engine.batcher import Scheduler
+from zinc.engine.embeddings import normalize, pool
+from zinc.errors import EngineClosedError, InvalidRequestError, QueueFullError
+from zinc.model.gguf_file import open_gguf
+from zinc.model.hparams import HParams, describe
+from zinc.server.embeddings_api import MAX_INPUTS, parse_embeddings
+
+HIDDEN = np.array([[1.0, 2.0, 2.0, 0.0], [3.0, 0.0, 4.0, 0.0], [0.0, 0.0, 0.0, 5.0]], np.float32)
+
+
+def test_pooling_mean_cls_last() -> None:
+    assert pool(HIDDEN, "cls").tolist() == [1.0, 2.0, 2.0, 0.0]
+    assert pool(HIDDEN, "last").tolist() == [0.0, 0.0, 0.0, 5.0]
+    assert np.allclose(pool(HIDDEN, "mean"), [4 / 3, 2 / 3, 2.0, 5 / 3])
+    assert pool(HIDDEN, "mean").dtype == np.float32
+    with pytest.raises(ValueError, match="rank"):
+        pool(HIDDEN, "rank")
+    with pytest.raises(ValueError, match="at least one token"):
+        pool(HIDDEN[:0], "last")
+
+
+def test_normalize_truncates_then_renormalizes() -> None:
+    v = pool(HIDDEN, "cls")
+    assert np.allclose(normalize(v), [1 / 3, 2 / 3, 2 / 3, 0.0])
+    # Matryoshka: the first 2 values, back to unit length
+    assert np.allclose(normalize(v, 2), [1 / np.sqrt(5), 2 / np.sqrt(5)])
+    assert normalize(np.zeros(3, np.float32)).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_parse_input_shapes() -> None:
+    assert parse_embeddings({"input": "hi"}).inputs == ["hi"]
+    assert parse_embeddings({"input": ["a", "b"]}).inputs == ["a", "b"]
+    assert parse_embeddings({"input": [3, 4]}).inputs == [[3, 4]]
+    assert parse_embeddings({"input": [[3], [4, 5]]}).inputs == [[3], [4, 5]]
+    params = parse_embeddings({"input": "hi", "model": "m", "encoding_format": "base64", "dimensions": 8})
+    assert (params.model, params.encoding_format, params.dimensions) == ("m", "base64", 8)
+    assert parse_embeddings({"input": "hi", "user": "u"}).encoding_format == "float"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": [[]]}, "input"),
+        ({"input": [1, "a"]}, "input"),
+        ({"input": [[1], "a"]}, "input"),
+        ({"input": [[1, "a"]]}, "input"),
+        ({"input": [True, 2]}, "input"),
+        ({"input": [-1]}, "input"),
+        ({"input": 5}, "input"),
+        ({"input": {"text": "hi"}}, "input"),
+        ({"input": ["x"] * (MAX_INPUTS + 1)}, "input"),
+        ({"input": "hi", "encoding_format": "hex"}, "encoding_format"),
+        ({"input": "hi", "dimensions": 0}, "dimensions"),
+        ({"input": "hi", "dimensions": True}, "dimensions"),
+        ({"input": "hi", "dimensions": "8"}, "dimensions"),
+        ({"input": "hi", "model": 3}, "model"),
+        ({"input": "hi", "user": 3}, "user"),
+    ],
+)
+def test_parse_rejects_bad_fields(body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        parse_embeddings(body)
+    assert info.value.param == param and info.value.status == 400
+
+
+def test_pooling_metadata_and_the_embed_entry(tiny_models: dict[str, Path]) -> None:
+    embed = describe(open_gguf(tiny_models["tiny-qwen3-embed"]))
+    chat = describe(open_gguf(tiny_models["tiny-qwen3"]))
+    assert (embed.hparams.pooling_type, embed.hparams.pooling) == (3, "last")
+    assert (chat.hparams.pooling_type, chat.hparams.pooling) == (0, "none")
+    # a manifest written before pooling_type existed reads as no pooling
+    old = {k: v for k, v in chat.hparams.to_json().items() if k != "pooling_type"}
+    assert HParams.from_json(old) == chat.hparams
+    text = emit_module(embed, tiled=True).text("m")
+    assert "func.func @embed(%ids: tensor<?xi32>) -> tensor<?x64xf32>" in text
+    assert "@embed" not in emit_module(chat, tiled=True).text("m")
+    assert entry_points((1, 4), True, embed=True)[-1] == "embed"
+    assert "embed" not in entry_points((1, 4), True)
+
+
+def started(model: FakeModel, **kwargs: Any) -> Scheduler:
+    scheduler = Scheduler(model, **{"page_size": 16, "parallel": 8, "max_queue": 4, **kwargs})
+    scheduler.start()
+    return scheduler
+
+
+def test_call_runs_on_the_scheduler_thread_between_steps() -> None:
+    model = FakeModel(hold_at=3)  # the third call waits until the test has queued its own
+    scheduler = started(model, prefill_chunk=8)
+    try:
+        runs = [Run(scheduler, prompt(i, 6), max_tokens=20) for i in range(3)]
+        assert model.inside.wait(WAIT_S)
+        seen: list[tuple[str, int]] = []
+
+        def device_call() -> int:
+            seen.append((threading.current_thread().name, len(model.calls)))
+            return 7
+
+        done = scheduler.call(device_call)
+        model.go.set()
+        assert done.result(WAIT_S) == 7
+        failed = scheduler.call(lambda: 1 // 0)
+        with pytest.raises(ZeroDivisionError):
+            failed.result(WAIT_S)
+        for i, run in enumerate(runs):  # the sequences went on, unchanged, around both calls
+            assert run.wait().reason == "length" and run.tokens == solo(prompt(i, 6), 20)
+        assert seen[0][0] == "zinc-scheduler" and 3 <= seen[0][1] < len(model.calls)
+    finally:
+        scheduler.close()
+
+
+def test_calls_are_bounded_and_fail_when_the_engine_closes() -> None:
+    scheduler = Scheduler(FakeModel(), page_size=16, parallel=2, max_queue=2)  # not started: nothing runs
+    waiting = [scheduler.call(lambda: 1) for _ in range(2)]
+    with pytest.raises(QueueFullError):
+        scheduler.call(lambda: 1)
+    scheduler.close()
+    for future in waiting:
+        with pytest.raises(EngineClosedError):
+            future.result(WAIT_S)
+    with pytest.raises(EngineClosedError):
+        scheduler.call(lambda: 1)
