@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -205,3 +206,24 @@ def test_file_size_limit_fails_cleanly(model: Path, tmp_path: Path) -> None:
     assert code == 1 and "File too large" in err and "Traceback" not in err, err
     assert entries(cache) == []
     shutil.rmtree(cache)
+
+
+def test_two_compiles_of_one_entry_build_it_once(model: Path, tmp_path: Path) -> None:
+    """The second process waits on the entry's lock while the first compiles, then uses its artifact."""
+    cache = tmp_path / "cache"
+    first = compile_run(model, cache, pause="emit")  # holds the entry's lock, stopped
+    wait_for(first, lambda: state(first.pid) == "T", "the pause point emit")
+    second = compile_run(model, cache)
+    assert second.stderr is not None
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(second.stderr.readline, "")), daemon=True)
+    reader.start()
+    wait_for(second, lambda: any("waiting for another zinc process" in line for line in lines), "the lock")
+    first.send_signal(signal.SIGCONT)
+    code1, out1, err1 = finish(first)
+    assert second.wait(timeout=GUARD_S) == 0 and code1 == 0, err1
+    reader.join(timeout=GUARD_S)
+    out2, err2 = second.stdout.read() if second.stdout else "", "".join(lines)
+    assert out1 == out2 and "iree-compile for" in err1
+    assert "using cached artifact" in err2 and "iree-compile for" not in err2, err2
+    assert entries(cache) == [Path(out1.strip()).name]
