@@ -118,7 +118,8 @@ def outcome(message: str, path: Path) -> str:
     """An error message without its file name, numbers and quoted names: the kind of error."""
     detail = message.removeprefix(f"{path}: ").removeprefix("damaged or truncated GGUF header (")
     detail = re.sub(r"'[^']*'|\b(tensor|key) \S+", r"\1 X", detail)
-    return " ".join(re.sub(r"\d+", "N", detail.rstrip(")")).split()[:5])
+    detail = re.sub(r"[^\x20-\x7e]+", "?", detail.rstrip(")"))  # a damaged name's bytes
+    return " ".join(re.sub(r"\d+", "N", detail).split()[:5])
 
 
 def run_case(m: Model, seed: int, directory: Path) -> tuple[str, str | None]:
