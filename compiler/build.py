@@ -49,7 +49,7 @@ from zinc.compiler.targets import (
 )
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
-from zinc.model.hparams import ROPE_FREQS, HParams, describe
+from zinc.model.hparams import ROPE_FREQS, HParams, describe, with_pooling
 from zinc.runtime.archive import advise_willneed, read_tensor_bytes, write_parameter_archive
 
 Progress = Callable[[str], None]
@@ -79,6 +79,7 @@ class Plan:
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets (decode_b{B} entry points)
     kv_dtype: str = "f32"  # the KV slab's element type
     vulkan_target: str = GENERIC  # IREE's Vulkan GPU target (zinc.compiler.targets.VULKAN_TARGETS)
+    pooling: str | None = None  # the operator's pooling (`zinc serve --embeddings`); None: the GGUF's
 
 
 def _source_digest() -> str:
@@ -121,17 +122,19 @@ def _check_vulkan_rows(hp: HParams, buckets: tuple[int, ...]) -> None:
 
 
 def artifact_key(
-    gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES, vulkan_target: str = GENERIC
+    gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES, vulkan_target: str = GENERIC,
+    pooling: str | None = None,
 ) -> str:
     """The cache key of an artifact: GGUF identity, target, flags (the Vulkan GPU target's too),
-    batch buckets, versions, the sources and the tensor values baked into the MLIR."""
+    batch buckets, versions, the sources, the tensor values baked into the MLIR and the
+    operator's pooling, if any."""
     h = hashlib.sha256()
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *_flags(target, vulkan_target),
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
         f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
-        _baked_values(gguf),
+        _baked_values(gguf), *([f"pooling={pooling}"] if pooling is not None else []),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
@@ -158,10 +161,12 @@ def _use_dot8(target: str) -> bool:
 
 def plan(
     gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int, ...] | None = None,
-    vulkan_target: str = GENERIC,
+    vulkan_target: str = GENERIC, pooling: str | None = None,
 ) -> Plan:
+    """What to build; `pooling` overrides the GGUF's `{arch}.pooling_type` (an `embed` entry for
+    a model that declares none)."""
     gguf = open_gguf(gguf_path)
-    desc = describe(gguf)
+    desc = with_pooling(describe(gguf), pooling)
     buckets = batch_buckets(batch_sizes)
     kind = check_target(target)
     if kind == "vulkan":
@@ -177,7 +182,7 @@ def plan(
     pause_point("emit")  # tests/faults: killed while the MLIR is generated
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=_flags(target, vulkan_target),
                 repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype,
-                vulkan_target=vulkan_target if kind == "vulkan" else GENERIC)  # fmt: skip
+                vulkan_target=vulkan_target if kind == "vulkan" else GENERIC, pooling=pooling)  # fmt: skip
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
@@ -212,7 +217,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
     """Compile `p` into `out_dir`. iree-compile (a subprocess) runs on a thread of its own while
     this one repacks the weights: each keeps one core busy, and neither needs the other's output."""
     say = progress or (lambda _msg: None)
-    desc = describe(p.gguf)
+    desc = with_pooling(describe(p.gguf), p.pooling)
     gpu = f" ({p.vulkan_target})" if p.target == "vulkan" else ""
     say(f"iree-compile for {p.target}{gpu} ({desc.hparams.block_count} layers)")
     t0 = time.perf_counter()
@@ -260,22 +265,23 @@ def ensure_artifact(
     cache_dir: Path | None = None,
     batch_sizes: tuple[int, ...] | None = None,
     vulkan_target: str | None = None,
+    pooling: str | None = None,
 ) -> Path:
     """The cached artifact for this GGUF, target and batch buckets, compiling it if absent or broken.
     On Vulkan, `vulkan_target` names IREE's GPU target; None: the one of this machine's GPU
-    (`detected_vulkan_target`)."""
+    (`detected_vulkan_target`). `pooling` (mean, cls or last) overrides the GGUF's pooling type."""
     say = progress or (lambda _msg: None)
     gguf = open_gguf(gguf_path)
     kind = check_target(target)
     gpu = (vulkan_target or detected_vulkan_target()) if kind == "vulkan" else GENERIC
-    key = artifact_key(gguf, target, batch_buckets(batch_sizes), gpu)
+    key = artifact_key(gguf, target, batch_buckets(batch_sizes), gpu, pooling)
     directory = (cache_dir or cache_root()) / f"{gguf.path.stem}-{kind}-{key}"
     if _cached(directory, gguf, say):
         return directory
     with artifact_lock(directory, say):  # one compile per entry; a process that waited finds it built
         if _cached(directory, gguf, say):
             return directory
-        return compile_model(plan(gguf_path, target, batch_sizes, gpu), directory, progress)
+        return compile_model(plan(gguf_path, target, batch_sizes, gpu, pooling), directory, progress)
 
 
 def _cached(directory: Path, gguf: GGUFModel, say: Progress) -> bool:

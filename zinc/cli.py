@@ -183,6 +183,7 @@ class ServeOptions:
     write_timeout: float = 30.0  # seconds a client may read nothing of a response before it is dropped
     max_connections: int = 1024  # open connections; past them a new one gets 503 and is closed
     shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
+    embeddings: str | None = None  # pooling for /v1/embeddings over the GGUF's (mean|cls|last); None: the GGUF's
 
 
 def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
@@ -203,6 +204,8 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         fail(f"--shutdown-timeout must be a positive number of seconds, got {o.shutdown_timeout}")
     if o.kv_tokens is not None and o.kv_tokens < o.context:
         fail(f"--kv-tokens must hold at least one context ({o.context} positions), got {o.kv_tokens}")
+    if o.embeddings is not None and o.embeddings not in EMBEDDING_POOLINGS:
+        fail(f"--embeddings takes {'|'.join(EMBEDDING_POOLINGS)}, got {o.embeddings!r}")
     spec = resolve_device(o.device, o.cpu_driver, o.threads)
     catalog = registry(o.context, spec)
     model_id, path = pick_model(o.model, catalog)
@@ -211,7 +214,9 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
     elif not path.is_file():
         fail(f"model file not found: {path}")
     paths = {model_id: path} if path is not None else {}
-    loader = CliLoader(catalog, spec, o.context, paths, o.parallel, o.kv_tokens, o.max_queue, o.prefill_chunk)
+    loader = CliLoader(
+        catalog, spec, o.context, paths, o.parallel, o.kv_tokens, o.max_queue, o.prefill_chunk, o.embeddings
+    )
     manager = EngineManager(loader=loader, registry=catalog)
     api_key = o.api_key or os.environ.get("ZINC_API_KEY")
     config = ServerConfig(
@@ -275,6 +280,17 @@ ShutdownTimeoutOpt = Annotated[
 ]
 
 
+EMBEDDING_POOLINGS = ("mean", "cls", "last")
+EmbeddingsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--embeddings",
+        help="Serve /v1/embeddings with this pooling (mean|cls|last) for a model whose GGUF declares none "
+        "(a chat model), or in place of the one it declares; compiles an artifact with the embed entry",
+    ),
+]
+
+
 @app.command("serve")
 def serve_cmd(
     model: ModelOpt = None,
@@ -298,12 +314,13 @@ def serve_cmd(
     write_timeout: WriteTimeoutOpt = 30.0,
     max_connections: MaxConnectionsOpt = 1024,
     shutdown_timeout: ShutdownTimeoutOpt = 10.0,
+    embeddings: EmbeddingsOpt = None,
 ) -> None:
-    """Serve the OpenAI API (chat, completions, models, health), model management and the chat UI."""
+    """Serve the OpenAI API (chat, completions, embeddings, models, health), model management and the chat UI."""
     run_server(
         ServeOptions(
             model, device, cpu_driver, context, host, port, parallel, api_key, kv_tokens, threads, max_queue,
-            prefill_chunk, write_timeout, max_connections, shutdown_timeout,
+            prefill_chunk, write_timeout, max_connections, shutdown_timeout, embeddings,
         )
     )
 

@@ -4,7 +4,7 @@ Owns: the `model` command group (a Typer sub-app that zinc.cli mounts), `pick_mo
 `-m` names: a GGUF path, or a catalog id; none means the default chosen with `zinc model use`,
 else smollm2), and `CliLoader`, the `ModelLoader` a server uses to activate models: it checks
 that the model fits in memory (zinc.runtime.memory), compiles through the cache
-(`ensure_artifact`) and opens a `LocalEngine` with a KV slab of `kv_slots()` rows, so the server
+(`ensure_artifact`; with `--embeddings`, its pooling in place of the GGUF's) and opens a `LocalEngine` with a KV slab of `kv_slots()` rows, so the server
 itself never imports the compiler or the runtime.
 Imports: typer, rich, zinc.catalog, zinc.compiler.build, zinc.engine, zinc.model, zinc.runtime,
 zinc.tokenizer, zinc.errors (this is the top of the stack, like zinc.cli).
@@ -91,6 +91,7 @@ class CliLoader:
         kv_tokens: int | None = None,
         max_queue: int = DEFAULT_MAX_QUEUE,
         prefill_chunk: int | None = None,
+        pooling: str | None = None,
     ) -> None:
         self.catalog = catalog
         self.device = device
@@ -100,6 +101,7 @@ class CliLoader:
         self.kv_tokens = kv_tokens  # KV slab positions; None: `parallel` whole contexts
         self.max_queue = max_queue  # requests that may wait beyond `parallel`
         self.prefill_chunk = prefill_chunk  # prompt tokens per scheduler iteration; None: the target's
+        self.pooling = pooling  # `--embeddings`: every model's pooling (an `embed` entry); None: the GGUF's
 
     def can_load(self, model_id: str) -> bool:
         if model_id in self.paths:
@@ -119,7 +121,9 @@ class CliLoader:
         check_memory(need, model_id, options="--kv-tokens, --parallel, --ctx-size")
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         log.info("preparing %s for %s", model_id, self.device.name)
-        artifact = ensure_artifact(path, self.device.target, lambda message: log.info("%s", message))
+        artifact = ensure_artifact(
+            path, self.device.target, lambda message: log.info("%s", message), pooling=self.pooling
+        )
         session = ModelSession(artifact, path, self.device, self.context, kv_slots=slots)
         chat = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         return LocalEngine(

@@ -3,7 +3,8 @@ fixture (a qwen3 GGUF with last-token pooling, as Qwen3-Embedding's) on the CPU:
 of strings, token ids and lists of them, float and base64 encodings, `dimensions` (truncated and
 renormalized) and usage, every vector checked against the numpy reference's hidden states pooled
 and normalized the same way; the 400s (too long, too wide, bad types, a model without pooling) in
-OpenAI's envelope; auth, CORS and /props as on the other endpoints.
+OpenAI's envelope; auth, CORS and /props as on the other endpoints. With the operator's pooling
+(`zinc serve --embeddings mean`), a chat model embeds too.
 """
 
 from __future__ import annotations
@@ -159,3 +160,28 @@ def test_a_model_without_pooling_is_a_400() -> None:
         assert info.value.body["param"] == "model"  # type: ignore[index]
     finally:
         running.stop()
+
+
+def test_a_chat_model_embeds_when_the_operator_opts_in(tiny_models: dict[str, Path]) -> None:
+    """`zinc serve --embeddings mean` (the loader's `pooling`, tests/unit/test_embeddings.py): the
+    chat fixture compiled with `embed` (one decode bucket, to compile fast) mean-pools."""
+    path = tiny_models["tiny-qwen3"]
+    artifact = ensure_artifact(path, "cpu", batch_sizes=(1,), pooling="mean")
+    session = ModelSession(artifact, path, resolve_device("cpu"), CONTEXT, kv_slots=CONTEXT + 64)
+    meta = open_gguf(path).metadata
+    tokenizer = Tokenizer.from_metadata(meta)
+    engine = LocalEngine(session, tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "chat", parallel=1)
+    running = RunningServer(engine)  # type: ignore[arg-type]
+    try:
+        assert engine.pooling == "mean" and session.hparams.pooling_type == 1
+        c = openai.OpenAI(base_url=running.base_url, api_key="unused", max_retries=0, timeout=120)
+        ids = [3, 17, 200, 5, 9, 11, 40]
+        out = c.embeddings.create(model="chat", input=ids, encoding_format="float")
+        ref = reference_model(path, "cpu")
+        want = normalize(pool(ref.hidden(ids), "mean"))
+        assert close(out.data[0].embedding, want, 10 * (TOL_Q8 if ref.q8_activations else TOL))
+        chat = c.completions.create(model="chat", prompt=ids, max_tokens=2)  # still a chat model
+        assert chat.usage is not None and chat.usage.completion_tokens == 2
+    finally:
+        running.stop()
+        engine.close()

@@ -1,6 +1,7 @@
 """Embeddings below the HTTP layer: pooling and normalization (zinc.engine.embeddings), the
 request parser (zinc.server.embeddings_api), the pooling metadata (`{arch}.pooling_type`), the
-`embed` entry in the emitted module, and `Scheduler.call` (an embedding's device call on the
+`embed` entry in the emitted module, the operator's pooling (`zinc serve --embeddings`) and
+`Scheduler.call` (an embedding's device call on the
 scheduler's thread)."""
 
 from __future__ import annotations
@@ -11,15 +12,22 @@ from typing import Any
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from tests.conftest import DEVICES
 from tests.unit._fake_step_model import WAIT_S, FakeModel, prompt, solo
 from tests.unit.test_batcher import Run
+from zinc import cli_models
+from zinc.catalog.registry import CatalogRegistry
+from zinc.cli import app
+from zinc.cli_models import CliLoader
+from zinc.compiler.build import artifact_key, plan
 from zinc.compiler.graph import emit_module, entry_points
 from zinc.engine.batcher import Scheduler
 from zinc.engine.embeddings import normalize, pool
-from zinc.errors import EngineClosedError, InvalidRequestError, QueueFullError
+from zinc.errors import EngineClosedError, InvalidRequestError, QueueFullError, UnsupportedModelError
 from zinc.model.gguf_file import open_gguf
-from zinc.model.hparams import HParams, describe
+from zinc.model.hparams import HParams, describe, with_pooling
 from zinc.server.embeddings_api import MAX_INPUTS, parse_embeddings
 
 HIDDEN = np.array([[1.0, 2.0, 2.0, 0.0], [3.0, 0.0, 4.0, 0.0], [0.0, 0.0, 0.0, 5.0]], np.float32)
@@ -140,3 +148,43 @@ def test_calls_are_bounded_and_fail_when_the_engine_closes() -> None:
             future.result(WAIT_S)
     with pytest.raises(EngineClosedError):
         scheduler.call(lambda: 1)
+
+
+def test_the_operators_pooling_over_the_ggufs(tiny_models: dict[str, Path]) -> None:
+    path = tiny_models["tiny-qwen3"]
+    chat = describe(open_gguf(path))
+    assert with_pooling(chat, None) is chat
+    assert with_pooling(chat, "mean").hparams.pooling == "mean"
+    assert with_pooling(describe(open_gguf(tiny_models["tiny-qwen3-embed"])), "cls").hparams.pooling == "cls"
+    with pytest.raises(UnsupportedModelError, match="'sum' is not one of"):
+        with_pooling(chat, "sum")
+    gguf = open_gguf(path)
+    assert artifact_key(gguf, "cpu") != artifact_key(gguf, "cpu", pooling="mean")  # its own cache entry
+    assert "func.func @embed(" in plan(path, "cpu", pooling="mean").mlir
+    assert "func.func @embed(" not in plan(path, "cpu").mlir
+
+
+def test_serve_refuses_an_unknown_pooling(tiny_models: dict[str, Path]) -> None:
+    out = CliRunner().invoke(app, ["serve", "-m", str(tiny_models["tiny-qwen3"]), "--embeddings", "rank"])
+    assert out.exit_code != 0 and "--embeddings takes mean|cls|last, got 'rank'" in out.output
+
+
+def test_the_cli_loader_compiles_with_the_operators_pooling(
+    tmp_path: Path, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: dict[str, Any] = {}
+
+    class CompileCalledError(Exception):
+        pass
+
+    def ensure(path: Path, target: str, progress: Any = None, **kwargs: Any) -> Path:
+        seen.update(kwargs)
+        raise CompileCalledError
+
+    monkeypatch.setattr(cli_models, "ensure_artifact", ensure)
+    device = DEVICES["cpu"]()
+    registry = CatalogRegistry(tmp_path, profile=device.name, context_length=64, supported={"qwen3"})
+    loader = CliLoader(registry, device, 64, {"chat": tiny_models["tiny-qwen3"]}, parallel=1, pooling="cls")
+    with pytest.raises(CompileCalledError):
+        loader.load("chat")
+    assert seen["pooling"] == "cls"

@@ -199,7 +199,8 @@ class LocalEngine:
             why = "declares no pooling" if declared == "none" else f"declares {declared!r} pooling, which zinc does not embed with"
             raise InvalidRequestError(
                 f"The model '{self.model_id}' {why} (GGUF {self.session.hparams.architecture}.pooling_type): "
-                "it is not an embedding model.", param="model",
+                "it is not an embedding model (`zinc serve --embeddings mean|cls|last` embeds with it anyway).",
+                param="model",
             )  # fmt: skip
         for ids in inputs:
             if not ids:

@@ -3,7 +3,7 @@
 Owns: `HParams` (field names mirror GGUF's `{arch}.*` keys, `pooling_type` included; the layer recipe's switches — RoPE
 mode, biases, QK-norm, post-norms, GELU, sliding windows, scales — are fields too, so the compiled
 graph and the numpy reference read one description), `ModelDescription` (hparams plus the quant
-type of every tensor the graph reads), the architecture registry, `base_hparams` (the keys every
+type of every tensor the graph reads), the architecture registry, `with_pooling` (the operator's pooling over the GGUF's), `base_hparams` (the keys every
 architecture shares) and `rope_freq_factors` (Llama 3's `rope_freqs.weight`, the one tensor whose
 values the description holds). An architecture module (llama, qwen, gemma3) provides `hparams(meta)`
 and `tensors(hp)`; the graph itself lives in zinc.compiler.
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from zinc.errors import GGUFError, UnsupportedModelError
 from zinc.model.gguf_file import GGUFModel
 
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama_pooling_type
+POOLING_IDS = {name: value for value, name in POOLING_TYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,15 @@ def rope_freq_factors(model: GGUFModel, n_rot: int) -> tuple[float, ...]:
     if not all(math.isfinite(f) and f > 0 for f in factors):
         raise GGUFError(f"{model.path}: tensor {ROPE_FREQS} holds a factor that is not a positive number")
     return factors
+
+
+def with_pooling(desc: ModelDescription, pooling: str | None) -> ModelDescription:
+    """`desc` with the operator's pooling (a POOLING_TYPES name) in place of the GGUF's; None: as is."""
+    if pooling is None:
+        return desc
+    if pooling not in POOLING_IDS:
+        raise UnsupportedModelError(f"pooling {pooling!r} is not one of {', '.join(POOLING_IDS)}")
+    return replace(desc, hparams=replace(desc.hparams, pooling_type=POOLING_IDS[pooling]))
 
 
 def describe(model: GGUFModel) -> ModelDescription:

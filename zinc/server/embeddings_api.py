@@ -124,9 +124,11 @@ class EmbeddingsApi:
         engine = self._api.engine
         if not isinstance(engine, Embedder) or engine.pooling == "none":
             raise InvalidRequestError(
-                f"The model '{model}' declares no pooling (GGUF {{arch}}.pooling_type), so it serves no embeddings; "
-                "serve an embedding model such as Qwen3-Embedding.", param="model",
-            )  # fmt: skip
+                f"The model '{model}' declares no pooling (GGUF {{arch}}.pooling_type), so it serves no "
+                "embeddings; serve an embedding model such as Qwen3-Embedding, or this one with "
+                "`zinc serve --embeddings mean|cls|last`.",
+                param="model",
+            )
         width = engine.embedding_length
         if params.dimensions is not None and params.dimensions > width:
             raise InvalidRequestError(
