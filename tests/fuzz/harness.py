@@ -11,6 +11,7 @@ import socket
 from typing import Any
 
 import orjson
+from hypothesis import event
 
 from tests.server_harness import RunningServer, read_response
 
@@ -87,6 +88,7 @@ def check_answer(path: str, status: int, payload: bytes) -> None:
 def check_raw_case(srv: RunningServer, errors: ErrorRecords, data: bytes) -> None:
     errors.take()
     received = send_raw(srv, data)
+    event(f"status {received[9:12].decode(errors='replace') or 'none (closed)'}")
     assert not SERVER_FAULTS.findall(received), received[:300]
     assert received == b"" or received.startswith(b"HTTP/1.1 "), received[:300]
     assert errors.take() == []
@@ -96,6 +98,7 @@ def check_raw_case(srv: RunningServer, errors: ErrorRecords, data: bytes) -> Non
 def check_json_case(srv: RunningServer, errors: ErrorRecords, path: str, body: bytes) -> None:
     errors.take()
     status, payload = post(srv, path, body)
+    event(f"{path} {status}")  # how deep the cases got: `--hypothesis-show-statistics`
     check_answer(path, status, payload)
     assert errors.take() == []
     assert_healthy(srv)

@@ -5,12 +5,15 @@ names and values, line endings, Content-Length and chunked framing, pipelining),
 plausible, borderline and random values, so most cases get past the first byte. JSON bodies use
 each endpoint's own field names with values of every JSON type (wrong types, huge and tiny
 numbers, non-finite numbers, deep nesting, any unicode including lone surrogates), and sometimes
-bytes that are not JSON at all.
+bytes that are not JSON at all. Half the bodies are plausible ones (what a client could mean, at
+and past each field's edges: sampling values, stop lists, logit_bias, token-id prompts, tools,
+tool choices, JSON schemas, Anthropic content blocks), so that many cases reach generation.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hypothesis import strategies as st
 
@@ -175,6 +178,111 @@ TOOL = st.fixed_dictionaries(
 )  # fmt: skip
 
 
+# Values a client could mean: mostly valid, at and past the edges of each field's range; text without
+# lone surrogates (which no JSON parser takes), so that these bodies get past the parser.
+TEXT_OK = st.text(st.characters(exclude_categories=("Cs",)), max_size=30) | st.sampled_from(
+    ["", "user", "\u0000", "<|im_end|>", "<|im_start|>assistant", "{{ raise('x') }}", "🦊" * 10]
+)
+# (one_of picks a branch evenly: the valid ranges are listed three times so that most values are.)
+_UNIT_EDGES = st.floats(-1, 3, allow_nan=False) | st.sampled_from([0, 1, 0.0, 1.0, 1e-9, 2.0000001])
+UNIT = st.one_of(st.floats(0, 1), st.floats(0, 1), st.floats(0, 1), _UNIT_EDGES)
+SMALL = st.one_of(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20), st.integers(-2, 40),
+                  st.sampled_from([0, 1, 2**31, 2**63 - 1]))  # fmt: skip
+_TOKEN = st.one_of(st.integers(0, 49151), st.integers(0, 49151), st.integers(0, 49151),
+                   st.integers(-3, 200_000), st.sampled_from([0, 1, 2, 49151, 49152, 2**31]))  # fmt: skip
+TOKEN_IDS = st.lists(_TOKEN, min_size=1, max_size=8)
+NAME = st.from_regex(r"[a-z_]{1,12}", fullmatch=True) | TEXT_OK
+SCHEMA = st.sampled_from([
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    {"type": "object", "properties": {"s": {"type": "string", "enum": ["x", "y"]}}},
+    {"type": "array", "items": {"type": "number"}, "maxItems": 2},
+    {"type": "string", "pattern": "^[0-9]+$"},
+    {}, {"type": "nonsense"}, {"$ref": "#/nowhere"}, {"type": "object", "additionalProperties": False},
+]) | JSON  # fmt: skip
+FUNCTION = st.fixed_dictionaries({"name": NAME}, optional={"description": TEXT_OK, "parameters": SCHEMA})
+TOOL_CALL = st.fixed_dictionaries(
+    {
+        "id": TEXT_OK,
+        "type": st.just("function"),
+        "function": st.fixed_dictionaries({"name": NAME, "arguments": TEXT_OK}),
+    }
+)
+CHAT_MESSAGE = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["system", "user", "assistant", "developer"]), "content": TEXT_OK}),
+    st.fixed_dictionaries({"role": st.just("user"), "content": st.lists(
+        st.fixed_dictionaries({"type": st.just("text"), "text": TEXT_OK}), max_size=3)}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": st.none() | TEXT_OK,
+                           "tool_calls": st.lists(TOOL_CALL, max_size=2)}),
+    st.fixed_dictionaries({"role": st.just("tool"), "content": TEXT_OK, "tool_call_id": TEXT_OK}),
+)  # fmt: skip
+ANTHROPIC_BLOCK = st.one_of(
+    st.fixed_dictionaries({"type": st.just("text"), "text": TEXT_OK}),
+    st.fixed_dictionaries({"type": st.just("tool_use"), "id": TEXT_OK, "name": NAME, "input": JSON}),
+    st.fixed_dictionaries(
+        {"type": st.just("tool_result"), "tool_use_id": TEXT_OK, "content": TEXT_OK | JSON}
+    ),
+    st.fixed_dictionaries({"type": st.just("thinking"), "thinking": TEXT_OK}),
+)
+ANTHROPIC_MESSAGE = st.fixed_dictionaries(
+    {
+        "role": st.sampled_from(["user", "assistant"]),
+        "content": TEXT_OK | st.lists(ANTHROPIC_BLOCK, max_size=3),
+    }
+)
+OPENAI_PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
+    "temperature": UNIT, "top_p": UNIT, "min_p": UNIT, "presence_penalty": UNIT, "frequency_penalty": UNIT,
+    "repeat_penalty": UNIT, "top_k": SMALL, "seed": SMALL, "n": SMALL, "top_logprobs": SMALL,
+    "max_completion_tokens": SMALL, "stop": TEXT_OK | st.lists(TEXT_OK, max_size=5),
+    "logit_bias": st.dictionaries(st.integers(-5, 70_000).map(str) | TEXT_OK, UNIT | SMALL, max_size=4),
+    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "logprobs": st.booleans() | SMALL, "session_id": TEXT_OK, "enable_thinking": st.booleans(),
+    "chat_template_kwargs": st.dictionaries(TEXT_OK, JSON, max_size=3),
+    "response_format": st.sampled_from([{"type": "json_object"}, {"type": "text"}])
+    | st.builds(lambda schema: {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}, SCHEMA),
+    "tools": st.lists(st.builds(lambda f: {"type": "function", "function": f}, FUNCTION), max_size=3),
+    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}])
+    | st.builds(lambda n: {"type": "function", "function": {"name": n}}, NAME),
+    "parallel_tool_calls": st.booleans(), "echo": st.booleans(), "user": TEXT_OK,
+}  # fmt: skip
+ANTHROPIC_PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
+    "system": TEXT_OK | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT_OK}), max_size=2),
+    "stop_sequences": st.lists(TEXT_OK, max_size=4), "temperature": UNIT, "top_p": UNIT, "top_k": SMALL,
+    "tools": st.lists(st.fixed_dictionaries({"name": NAME, "input_schema": SCHEMA}, optional={"description": TEXT_OK}),
+                      max_size=3),
+    "tool_choice": st.sampled_from([{"type": "auto"}, {"type": "any"}, {"type": "none"}])
+    | st.builds(lambda n: {"type": "tool", "name": n}, NAME),
+    "thinking": st.builds(lambda b: {"type": "enabled", "budget_tokens": b}, SMALL) | st.just({"type": "disabled"}),
+    "metadata": st.dictionaries(TEXT_OK, TEXT_OK, max_size=2),
+}  # fmt: skip
+
+
+@st.composite
+def plausible_body(draw: st.DrawFn, path: str) -> dict[str, Any]:
+    """A body the endpoint should take, with some of its optional fields at and past their
+    edges, and now and then one field of a wrong type: cases that reach generation."""
+    anthropic = path.startswith("/v1/messages")
+    if anthropic:
+        body: dict[str, Any] = {"messages": draw(st.lists(ANTHROPIC_MESSAGE, min_size=1, max_size=3))}
+        optional = ANTHROPIC_PLAUSIBLE
+    elif path == "/v1/completions":
+        body = {"prompt": draw(TEXT_OK | TOKEN_IDS | st.lists(TEXT_OK, min_size=1, max_size=2))}
+        optional = {
+            k: v
+            for k, v in OPENAI_PLAUSIBLE.items()
+            if k not in ("tools", "tool_choice", "parallel_tool_calls")
+        }
+    else:
+        body = {"messages": draw(st.lists(CHAT_MESSAGE, min_size=1, max_size=4))}
+        optional = OPENAI_PLAUSIBLE
+    body["max_tokens"] = draw(st.integers(1, 8) | SMALL)
+    body["stream"] = draw(st.booleans())
+    for key in draw(st.lists(st.sampled_from(sorted(optional)), max_size=4, unique=True)):
+        body[key] = draw(optional[key])
+    if draw(st.integers(0, 5)) == 0:
+        body[draw(st.sampled_from(sorted(body)))] = draw(JSON)
+    return body
+
+
 @st.composite
 def json_body(draw: st.DrawFn, path: str, max_tokens_cap: int | None = None) -> bytes:
     """A body for `path`: its fields with fuzzed values, as JSON text (or, now and then, not JSON).
@@ -187,10 +295,13 @@ def json_body(draw: st.DrawFn, path: str, max_tokens_cap: int | None = None) -> 
         "max_tokens": NUMBERS | JSON | st.integers(0, 8),
     }
     keys = st.sampled_from(fields) | TEXT
-    body = draw(st.dictionaries(keys, JSON, max_size=8))
-    for key in draw(st.lists(st.sampled_from(list(special)), max_size=3, unique=True)):
-        if key in fields:
-            body[key] = draw(special[key])
+    if draw(st.booleans()):
+        body = draw(plausible_body(path))
+    else:
+        body = draw(st.dictionaries(keys, JSON, max_size=8))
+        for key in draw(st.lists(st.sampled_from(list(special)), max_size=3, unique=True)):
+            if key in fields:
+                body[key] = draw(special[key])
     if draw(st.integers(0, 9)) == 0:  # sensible messages, so the request gets deep into the path
         body.setdefault("messages", [{"role": "user", "content": draw(TEXT)}])
         body.setdefault("prompt", draw(TEXT))
