@@ -124,8 +124,8 @@ class EmbeddingsApi:
         engine = self._api.engine
         if not isinstance(engine, Embedder) or engine.pooling == "none":
             raise InvalidRequestError(
-                f"The model '{model}' declares no pooling (GGUF {{arch}}.pooling_type), so it serves no "
-                "embeddings; serve an embedding model such as Qwen3-Embedding, or this one with "
+                f"The model '{model}' declares no pooling (mean, cls or last as its GGUF's pooling_type), so it "
+                "serves no embeddings; serve an embedding model such as Qwen3-Embedding, or this one with "
                 "`zinc serve --embeddings mean|cls|last`.",
                 param="model",
             )
