@@ -27,14 +27,15 @@ from zinc.artifact import pause_point
 from zinc.model.gguf_file import TensorInfo
 
 # The archive's layout (all little-endian, packed): the header at offset 0; the entries' data from
-# DATA_START on, each at a multiple of DATA_ALIGN; then the entry table and the names.
+# DATA_START on, each at a multiple of its alignment (`entry_align`); then the entry table and the names.
 MAGIC = 0x41505249  # "IRPA"
 HEADER = struct.Struct("<IHHQQQ" "Q" "QQ" "QQ" "QQ")  # prefix; entry count; entry, name, data segments
 ENTRY = struct.Struct("<QIQ" "QQ" "QQ" "Q" "QQ")  # size, type, flags; name; metadata; alignment; data
 ENTRY_DATA = 2  # an entry whose bytes are in the archive's data segment
 ENTRY_ALIGN = 16
 PAGE = 4096  # the data segment starts, and the file ends, at a page boundary: the runtime maps it
-DATA_ALIGN = PAGE  # whole pages, so that DirectWriter takes every chunk of the usual shapes
+DATA_ALIGN = 64  # an entry's alignment, or PAGE for one of at least PAGE_ENTRY bytes (`entry_align`)
+PAGE_ENTRY = 16 * PAGE
 DATA_START = PAGE
 DIRECT_BUFFER = 8 << 20  # DirectWriter's staging buffer
 
@@ -52,7 +53,7 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
         for name, arr, size in chunks:
             entry = entries.get(name)
             if entry is None:
-                entry = entries[name] = [_align(end, DATA_ALIGN), size, 0]
+                entry = entries[name] = [_align(end, entry_align(size)), size, 0]
                 end = entry[0] + size
             data = memoryview(np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data)
             if entry[2] + data.nbytes > entry[1]:
@@ -68,7 +69,7 @@ def write_parameter_archive(path: Path, chunks: Iterable[tuple[str, np.ndarray[A
         table = bytearray()
         at = 0  # each name's offset in the name segment
         for encoded, (offset, size, _) in zip(names, entries.values(), strict=True):
-            table += ENTRY.pack(ENTRY.size, ENTRY_DATA, 0, at, len(encoded), 0, 0, DATA_ALIGN, offset, size)
+            table += ENTRY.pack(ENTRY.size, ENTRY_DATA, 0, at, len(encoded), 0, 0, entry_align(size), offset, size)
             table += bytes(_align(len(table), ENTRY_ALIGN) - len(table))
             at += len(encoded)
         table_at = _align(DATA_START + end, ENTRY_ALIGN)
@@ -129,6 +130,12 @@ class DirectWriter:
         os.close(self.fd)
         with contextlib.suppress(BufferError):  # a failed write's traceback still holds a view of it
             self.buffer.close()
+
+
+def entry_align(size: int) -> int:
+    """An entry's alignment: whole pages for a large one, so that DirectWriter takes its chunks of
+    the usual shapes (whole pages too); 64 bytes for a small one, which pages would mostly pad."""
+    return PAGE if size >= PAGE_ENTRY else DATA_ALIGN
 
 
 def _align(n: int, to: int) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from zinc.runtime import archive
-from zinc.runtime.archive import DATA_ALIGN, PAGE, write_parameter_archive
+from zinc.runtime.archive import PAGE, entry_align, write_parameter_archive
 
 
 def test_interleaved_chunks_read_back_by_iree(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ def test_interleaved_chunks_read_back_by_iree(tmp_path: Path) -> None:
         entry = items[name]
         assert entry.length == arr.nbytes and entry.is_file
         _, offset = entry.file_storage
-        assert offset % DATA_ALIGN == 0
+        assert offset % entry_align(arr.nbytes) == 0
         assert data[offset : offset + arr.nbytes] == arr.tobytes()
 
 
