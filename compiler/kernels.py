@@ -153,33 +153,31 @@ def with_index_inputs(text: str, qname: str) -> str:
     iotas = "".join(
         f"  %iota{n} = arith.constant dense<[{', '.join(map(str, range(n)))}]> : tensor<{n}xi32>\n" for n in sizes
     )
-    text = _sub1(r"(  %zero = arith.constant 0\.0 : f32\n)", lambda m: m.group(1) + iotas, text)
+    text = sub_once(r"(  %zero = arith.constant 0\.0 : f32\n)", lambda m: m.group(1) + iotas, text)
     out_map = re.search(r"affine_map<\(([^)]*)\) -> \(t, n\)>\],", text)
     if out_map is None:
         raise AssertionError(f"matmul_{qname} template: no output map")
     maps = "".join(f"affine_map<({out_map.group(1)}) -> ({var})>,\n        " for var, _, _ in found)
     text = text[: out_map.start()] + maps + text[out_map.start() :]
-    text = _sub1(r"(ins\([^:]*%xb)( :)", lambda m: m.group(1) + "".join(f", %iota{n}" for _, _, n in found) + m.group(2), text)
-    text = _sub1(
+    text = sub_once(r"(ins\([^:]*%xb)( :)", lambda m: m.group(1) + "".join(f", %iota{n}" for _, _, n in found) + m.group(2), text)
+    text = sub_once(
         r"(xf32>)(\)\n\s*outs\()", lambda m: m.group(1) + "".join(f", tensor<{n}xi32>" for _, _, n in found) + m.group(2), text
     )
     args = "".join(f"%{var}_i: i32, " for var, _, _ in found)
-    text = _sub1(r"%xv: f32, %a: f32\):", lambda m: f"%xv: f32, {args}%a: f32):", text)
+    text = sub_once(r"%xv: f32, %a: f32\):", lambda m: f"%xv: f32, {args}%a: f32):", text)
     for var, dim, _ in found:
         cast = f"%{var} = arith.index_cast %{var}_i : i32 to index"
-        text = _sub1(rf"%{var} = linalg\.index {dim} : index", _const(cast), text)
+        text = sub_once(rf"%{var} = linalg\.index {dim} : index", cast, text)
     return text
 
 
-def _const(text: str) -> Callable[[re.Match[str]], str]:
-    return lambda _m: text
-
-
-def _sub1(pattern: str, repl: Callable[[re.Match[str]], str], text: str) -> str:
-    """`re.sub` that must replace exactly one match (the templates are ours: anything else is a bug)."""
-    out, count = re.subn(pattern, repl, text)
+def sub_once(pattern: str, repl: str | Callable[[re.Match[str]], str], text: str) -> str:
+    """`re.sub` that must replace exactly one match (the templates are ours: anything else is a
+    bug); a str `repl` is taken literally."""
+    fn = repl if callable(repl) else (lambda _m, r=repl: r)
+    out, count = re.subn(pattern, fn, text)
     if count != 1:
-        raise AssertionError(f"{pattern!r} matched {count} times in a matmul template")
+        raise AssertionError(f"{pattern!r} matched {count} times in a template")
     return out
 
 

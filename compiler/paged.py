@@ -14,9 +14,11 @@ Imports: zinc.compiler.attention_cpu, zinc.compiler.emitter, zinc.compiler.kerne
 
 from __future__ import annotations
 
+import re
+
 from zinc.compiler.attention_cpu import render_decode_attention
 from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
-from zinc.compiler.kernels import t_dims, template
+from zinc.compiler.kernels import sub_once, t_dims, template
 from zinc.model.hparams import HParams
 
 
@@ -127,7 +129,41 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
         "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win), "L": str(hp.block_count),
         "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
     }  # fmt: skip
-    return template("attention_batch.mlir").substitute(subs)
+    text = template("attention_batch.mlir").substitute(subs)
+    return _slab_index_inputs(text, heads_kv, head_dim) if b.mod.index_inputs else text
+
+
+def _slab_index_inputs(text: str, heads_kv: int, head_dim: int) -> str:
+    """attention_batch.mlir with the (g, d) loop indices of its two slab reads taken from i32 iota
+    inputs, not linalg.index: on GPU targets with subgroups IREE keeps them in workgroup memory as
+    `index`, which SPIR-V cannot store (as zinc.compiler.kernels.with_index_inputs for the
+    matmuls); the generic target keeps linalg.index."""
+    iotas = (
+        f"  %iota_g = arith.constant dense<[{', '.join(map(str, range(heads_kv)))}]> : tensor<{heads_kv}xi32>\n"
+        f"  %iota_d = arith.constant dense<[{', '.join(map(str, range(head_dim)))}]> : tensor<{head_dim}xi32>\n"
+    )
+    zero = "  %z = arith.constant 0.0 : f32\n"
+    text = sub_once(re.escape(zero), zero + iotas, text)
+    extra = f"tensor<{heads_kv}xi32>, tensor<{head_dim}xi32>"
+    for dims, ins, acc, d in (("t, g, r, s, d", "%qg", "%o", 4), ("t, g, r, d, s", "%po", "%acc", 3)):
+        ctx_map = f"affine_map<({dims}) -> (t, s)>, "
+        text = sub_once(re.escape(ctx_map), f"{ctx_map}affine_map<({dims}) -> (g)>, affine_map<({dims}) -> (d)>, ", text)
+        found = re.search(rf"ins\({ins}, %ctx : (tensor<[^>]*>), (tensor<[^>]*>)\)", text)
+        if found is None:
+            raise AssertionError(f"attention_batch.mlir: no slab read over {ins}")
+        text = sub_once(
+            re.escape(found.group(0)),
+            f"ins({ins}, %ctx, %iota_g, %iota_d : {found.group(1)}, {found.group(2)}, {extra})",
+            text,
+        )
+        text = sub_once(
+            rf"\^bb0\(%a: f32, %slot: i32, {acc}: f32\):\n      %gi = linalg\.index 1 : index\n"
+            rf"      %di = linalg\.index {d} : index",
+            f"^bb0(%a: f32, %slot: i32, %gv: i32, %dv: i32, {acc}: f32):\n"
+            "      %gi = arith.index_cast %gv : i32 to index\n      %di = arith.index_cast %dv : i32 to index",
+            text,
+        )
+    return text
 
 
 def kv_write(hp: HParams, per_layer: bool = False, dt: str = "f32") -> str:
