@@ -2,12 +2,12 @@
 
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
 entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives
-of repacked weights, and the size and sha256 of every file it vouches for), `write_artifact`
+of repacked weights, and the size (and but for an archive the sha256) of every file it vouches for), `write_artifact`
 (crash-safe: below), `load_manifest`, which refuses what it does not understand, what is missing or
 partly written, and what does not match the GGUF it is used with, and `artifact_lock`.
 
 Crash safety: an artifact is written into a temporary sibling directory (`.NAME.tmp-*`), each file
-fsynced, the manifest last (it names the size and sha256 of every other file), then the directory
+fsynced, the manifest last (it names the size of every other file), then the directory
 is renamed into place and its parent fsynced. So a process killed at any point, or a full disk,
 leaves either no artifact at NAME or a complete one (a replaced one is first renamed aside to
 `.NAME.old-*`); the next write into that folder removes the leftovers. Writers of one NAME take
@@ -42,7 +42,7 @@ from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
 
 # 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows;
-# 4: `files`, every file's size and sha256
+# 4: `files`, every file's size and sha256 (none for a parameter archive)
 FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
@@ -58,7 +58,7 @@ class KVCacheGeometry:
 @dataclass(frozen=True)
 class ArtifactFile:
     size: int
-    sha256: str
+    sha256: str | None  # None for a parameter archive (`_seal`)
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ class Manifest:
                 **{k: v for k, v in d.items() if k not in ("hparams", "kv_cache", "files")},
                 hparams=HParams.from_json(d["hparams"]),
                 kv_cache=KVCacheGeometry(**d.get("kv_cache", {})),
-                files={name: ArtifactFile(int(f["size"]), str(f["sha256"])) for name, f in d["files"].items()},
+                files={name: _file_entry(f) for name, f in d["files"].items()},
             )
         except (TypeError, KeyError, ValueError, AttributeError) as exc:
             raise ArtifactError(f"artifact manifest is malformed: {type(exc).__name__}: {exc}") from exc
@@ -174,15 +174,26 @@ def _write_file(path: Path, data: bytes) -> None:
 
 
 def _seal(path: Path) -> ArtifactFile:
-    """Flush a written file to disk and measure it for the manifest."""
-    digest = hashlib.sha256()
-    size = 0
+    """Flush a written file to disk and measure it for the manifest. A parameter archive gets its
+    size only: hashing it would read an 8B model's 4.4 GB back from disk (it is written past the
+    page cache) at the end of every compile, for a digest no load reads."""
     with path.open("rb") as f:
         os.fsync(f.fileno())
+        if path.suffix == ".irpa":
+            return ArtifactFile(os.fstat(f.fileno()).st_size, None)
+        digest = hashlib.sha256()
+        size = 0
         while block := f.read(HASH_BLOCK_BYTES):
             digest.update(block)
             size += len(block)
     return ArtifactFile(size, digest.hexdigest())
+
+
+def _file_entry(d: dict[str, Any]) -> ArtifactFile:
+    sha = d["sha256"]
+    if sha is not None and not isinstance(sha, str):
+        raise TypeError(f"a file's sha256 is {sha!r}")
+    return ArtifactFile(int(d["size"]), sha)
 
 
 def _ours(directory: Path) -> bool:
