@@ -141,11 +141,21 @@ MESSAGES_FIELDS = [
     "model", "messages", "system", "max_tokens", "stop_sequences", "temperature", "top_p", "top_k", "stream",
     "tools", "tool_choice", "thinking", "metadata",
 ]  # fmt: skip
+RESPONSES_FIELDS = [
+    "model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "tools", "tool_choice",
+    "text", "reasoning", "store", "previous_response_id", "metadata", "stream", "include", "top_logprobs",
+    "parallel_tool_calls", "user",
+]  # fmt: skip
+EMBEDDINGS_FIELDS = ["model", "input", "encoding_format", "dimensions", "user"]
+INFILL_FIELDS = ["input_prefix", "input_suffix", "input_extra", "prompt", "n_predict", "temperature", "stream", "seed"]
 FIELDS = {
     "/v1/chat/completions": CHAT_FIELDS,
     "/v1/completions": COMPLETION_FIELDS,
     "/v1/messages": MESSAGES_FIELDS,
     "/v1/messages/count_tokens": MESSAGES_FIELDS,
+    "/v1/responses": RESPONSES_FIELDS,
+    "/v1/embeddings": EMBEDDINGS_FIELDS,
+    "/infill": INFILL_FIELDS,
 }
 
 NUMBERS = st.one_of(
