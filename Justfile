@@ -11,7 +11,7 @@ setup:
 test *ARGS:
     .venv/bin/python -m pytest {{ARGS}}
 
-# The sizes tier: real-shape models (0.5B-12B) compiled and checked (about 35 minutes on 2 cores)
+# The sizes tier: real-shape models (0.5B-12B) compiled and checked, whole models compiled for GPU targets (about an hour on 2 cores)
 test-sizes *ARGS:
     .venv/bin/python -m pytest --sizes -m sizes {{ARGS}}
 

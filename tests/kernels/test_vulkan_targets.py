@@ -175,7 +175,7 @@ def test_lavapipe_maps_to_the_generic_target() -> None:
         assert vulkan_target_for(gpu_properties(device)) == GENERIC
 
 
-@pytest.mark.slow
+@pytest.mark.sizes  # minutes of iree-compile each: the opt-in tier, not every CI run
 @pytest.mark.parametrize("target", GPU_TARGETS)
 @pytest.mark.parametrize("qname", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0", "Q5_K"])
 def test_real_shape_matmuls_compile_for_the_gpu_targets(target: str, qname: str) -> None:
@@ -250,7 +250,7 @@ def test_the_gpu_decode_attention_computes_the_same_bits_on_lavapipe() -> None:
     assert np.isfinite(ys[0]).all() and np.array_equal(ys[0], ys[1])
 
 
-@pytest.mark.slow
+@pytest.mark.sizes  # minutes of iree-compile each: the opt-in tier, not every CI run
 @pytest.mark.parametrize("target", ["ampere", "rdna3"])
 def test_smollm2_compiles_for_the_gpu_targets(target: str, smollm2: Path) -> None:
     """Every kernel of SmolLM2's Vulkan module (prefill, decode buckets 1, 4, 8, kv_write) for the
@@ -260,7 +260,7 @@ def test_smollm2_compiles_for_the_gpu_targets(target: str, smollm2: Path) -> Non
     compile_mlir(p.mlir, "vulkan", vulkan_target_flags(target))
 
 
-@pytest.mark.slow
+@pytest.mark.sizes  # minutes of iree-compile each: the opt-in tier, not every CI run
 @pytest.mark.parametrize("target", ["ampere", "rdna3"])
 def test_gemma3_compiles_for_the_gpu_targets(target: str) -> None:
     """Gemma 3 270M's Vulkan module (Q4_K, Q5_0, Q6_K and Q8_0 matmuls, sliding-window attention,
