@@ -97,7 +97,8 @@ def test_prompt_ids_mode_is_deterministic(tiny_models: dict[str, Path]) -> None:
         (("--prompt-ids", "1,x"), "comma-separated integers"),
         (("compile", "smollm2", "--batch", "4,x"), "comma-separated integers"),
         (("compile", "smollm2", "--batch", "0,100"), "between 1 and 64"),
-        (("compile", "pyproject.toml", "--target", "tpu"), "not a GGUF file"),
+        (("compile", "pyproject.toml"), "not a GGUF file"),
+        (("compile", "pyproject.toml", "--target", "tpu"), "unknown target"),  # options are checked first
     ],
 )
 def test_errors_are_one_line(args: tuple[str, ...], pattern: str) -> None:
