@@ -3,8 +3,9 @@
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
 entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives
 of repacked weights, and the size (and, but for an archive, the sha256) of every file it vouches
-for), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not understand, what is missing or
-partly written, and what does not match the GGUF it is used with, and `artifact_lock`.
+for), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not
+understand, what is missing or partly written, and what does not match the GGUF it is used with,
+and `artifact_lock`.
 
 Crash safety: an artifact is written into a temporary sibling directory (`.NAME.tmp-*`), each file
 fsynced, the manifest last (it names the size of every other file), then the directory
