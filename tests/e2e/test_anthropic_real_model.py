@@ -5,30 +5,17 @@ reported as `stop_sequence`, and count_tokens counts the prompt the chat templat
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
 
-from tests.conftest import SessionFactory
 from tests.e2e.test_server_fake_engine import RunningServer
 from zinc.engine.engine import LocalEngine
-from zinc.model.gguf_file import open_gguf
-from zinc.tokenizer import ChatTemplate, Tokenizer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 QUESTION: Any = [{"role": "user", "content": "What is the capital of France?"}]
 SYSTEM = "You are a helpful assistant."
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2: Path, open_session: SessionFactory) -> LocalEngine:
-    meta = open_gguf(smollm2).metadata
-    tokenizer = Tokenizer.from_metadata(meta)
-    return LocalEngine(
-        open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2"
-    )
 
 
 @pytest.fixture(scope="module")

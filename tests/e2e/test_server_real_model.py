@@ -10,28 +10,16 @@ import socket
 import time
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
 
-from tests.conftest import GOLDEN, SessionFactory
+from tests.conftest import GOLDEN
 from tests.e2e.test_server_fake_engine import RunningServer
 from zinc.engine.engine import LocalEngine
-from zinc.model.gguf_file import open_gguf
-from zinc.tokenizer import ChatTemplate, Tokenizer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PROMPT = "The capital of France is"
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2: Path, open_session: SessionFactory) -> LocalEngine:
-    meta = open_gguf(smollm2).metadata
-    tokenizer = Tokenizer.from_metadata(meta)
-    return LocalEngine(
-        open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2"
-    )
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from tests.conftest import SessionFactory
 from tests.e2e.test_server_fake_engine import RunningServer
 from zinc.engine.engine import LocalEngine
-from zinc.model.gguf_file import open_gguf
-from zinc.tokenizer import ChatTemplate, Tokenizer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TIME_TOOL: Any = {
@@ -34,15 +30,6 @@ TIME_TOOL: Any = {
     },
 }
 ASK: Any = [{"role": "user", "content": "What time is it in UTC?"}]
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2: Path, open_session: SessionFactory) -> LocalEngine:
-    meta = open_gguf(smollm2).metadata
-    tokenizer = Tokenizer.from_metadata(meta)
-    return LocalEngine(
-        open_session(smollm2, "cpu"), tokenizer, ChatTemplate.from_metadata(meta, tokenizer), "smollm2"
-    )
 
 
 @pytest.fixture(scope="module")
