@@ -14,7 +14,9 @@ made); a forced `tool_choice` or a `response_format` becomes the request's gramm
 (zinc.server.anthropic_api) and the OpenAI Responses API (zinc.server.responses_api) to run the
 same way with their own response shapes. A request with
 `n` > 1 choices takes `n` admission slots at once (at most `--parallel`) and is answered by
-zinc.server.choices.
+zinc.server.choices. An `X-Session-Id` header stands for the body's `session_id` when that is
+absent (balancers hash on headers, not bodies). While `draining` (after SIGTERM, zinc.server.app),
+`/health` answers 503 so balancers stop sending requests, which are still served meanwhile.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
 """
 
@@ -45,7 +47,14 @@ from zinc.server.choices import ChoiceEvents, choice_requests, respond_choices
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import NotFoundError, describe
 from zinc.server.exchange import Exchange, HttpRequest
-from zinc.server.openai_request import ChatParams, CommonParams, decode_json, parse_chat, parse_completion
+from zinc.server.openai_request import (
+    ChatParams,
+    CommonParams,
+    Json,
+    decode_json,
+    parse_chat,
+    parse_completion,
+)
 from zinc.server.openai_response import (
     SSE_DONE,
     SSE_HEADERS,
@@ -108,6 +117,15 @@ class Admission:
                 future.set_result(None)
 
 
+def session_header(payload: Json, request: HttpRequest) -> Json:
+    """The body with the `X-Session-Id` header as its `session_id` when the body names none: a
+    balancer can hash on the header to send a conversation's turns to the replica holding it."""
+    header = request.header("x-session-id")
+    if header is None or "session_id" in payload:
+        return payload
+    return {**payload, "session_id": header.strip()}
+
+
 @asynccontextmanager
 async def closing(events: AsyncIterator[TextDelta]) -> AsyncIterator[AsyncIterator[TextDelta]]:
     """`contextlib.aclosing` for any async iterator: close it (which aborts the generation)."""
@@ -126,6 +144,7 @@ class OpenAIApi:
         self._engine = engine
         self._admission = Admission(config.parallel, config.max_queued_requests)
         self._started = time.time()
+        self.draining = False  # set on SIGTERM (zinc.server.app): /health says 503 "draining"
 
     @property
     def engine(self) -> Engine:
@@ -136,7 +155,7 @@ class OpenAIApi:
         return self._admission
 
     async def chat_completions(self, request: HttpRequest, exchange: Exchange) -> None:
-        params = parse_chat(decode_json(await exchange.body()))
+        params = parse_chat(session_header(decode_json(await exchange.body()), request))
         shape = ChatShape(await self.select_model(params.common.model))
         ids, parser, grammar = self.prepare_chat(params)
         await self._generate(exchange, shape, params.common, ids, "messages", parser, grammar)
@@ -153,7 +172,7 @@ class OpenAIApi:
         return ids, parser, tools.grammar() or params.common.grammar
 
     async def completions(self, request: HttpRequest, exchange: Exchange) -> None:
-        params = parse_completion(decode_json(await exchange.body()))
+        params = parse_completion(session_header(decode_json(await exchange.body()), request))
         model = await self.select_model(params.common.model)
         prompt = params.prompt
         ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -175,7 +194,7 @@ class OpenAIApi:
     async def health(self, request: HttpRequest, exchange: Exchange) -> None:
         stats = self._engine.stats()
         body = {
-            "status": "ok",
+            "status": "draining" if self.draining else "ok",
             "model": self._engine.model_id or "none",
             "active_requests": stats.active_requests,
             "queued_requests": stats.queued_requests + self._admission.waiting,
@@ -200,6 +219,9 @@ class OpenAIApi:
                 else 0.0,
             },
         }
+        if self.draining:  # balancers take this replica out; requests still sent are served
+            await exchange.respond_json(503, orjson.dumps(body), [("retry-after", "1")])
+            return
         await exchange.respond_json(200, orjson.dumps(body))
 
     async def delete_session(self, request: HttpRequest, exchange: Exchange) -> None:

@@ -3,15 +3,17 @@
 Owns: `start_server()` (listen on host:port, port 0 picks a free one) returning a `Server` handle
 whose `close()` stops accepting, closes idle connections, lets responses in progress finish within
 `graceful_shutdown_timeout_s`, then cancels them (which aborts their generations), or at once after
-`force_close()`; and `serve()`, which runs all that under uvloop until SIGINT or SIGTERM (loading
-the first model in the background when asked to): the first signal shuts down gracefully (new
-connections are refused: the listening socket is closed) and `serve()` returns 0; a second SIGINT
+`force_close()`; `drain(delay)`, which makes `/health` answer 503 "draining" and keeps serving
+for `delay` seconds (a balancer's health checks take the replica out meanwhile); and `serve()`,
+which runs all that under uvloop until SIGINT or SIGTERM (loading the first model in the
+background when asked to): the first signal drains for `drain_delay_s`, then shuts down
+gracefully (new connections are refused: the listening socket is closed) and `serve()` returns 0; a second SIGINT
 or SIGTERM during that cuts it short and `serve()` returns 128 + that signal's number, the shell's
 code for a process a signal ended. `serve()` also raises the process's soft limit on open files
 (RLIMIT_NOFILE) to the hard one, so that `max_connections` sockets fit: past the limit the OS
 refuses sockets, and a connection would be closed without its 503 while `/health` got no answer.
 Every server talks to an `EngineManager` and has metrics.
-Imports: zinc.engine.{types, manager}, zinc.server.{config, api, routes, extra_routes, metrics,
+Imports: zinc.engine.{types, manager}, zinc.errors, zinc.server.{config, api, routes, extra_routes, metrics,
 http11}, uvloop, the stdlib.
 """
 
@@ -29,6 +31,7 @@ import uvloop
 
 from zinc.engine.manager import EngineManager
 from zinc.engine.types import Engine
+from zinc.errors import ZincError
 from zinc.server.api import OpenAIApi
 from zinc.server.config import ServerConfig
 from zinc.server.extra_routes import PUBLIC, extra_routes
@@ -66,12 +69,16 @@ def raise_open_file_limit(max_connections: int) -> int:
 class Server:
     """A listening server; `await close()` shuts it down gracefully."""
 
-    def __init__(self, server: asyncio.Server, connections: set[HttpProtocol], config: ServerConfig) -> None:
+    def __init__(
+        self, server: asyncio.Server, connections: set[HttpProtocol], config: ServerConfig, api: OpenAIApi
+    ) -> None:
         self._server = server
         self._connections = connections
         self._config = config
+        self._api = api
         self._closed = False
         self._forced = False
+        self._cut = asyncio.Event()  # set by force_close
 
     @property
     def port(self) -> int:
@@ -85,6 +92,18 @@ class Server:
     @property
     def connection_count(self) -> int:
         return len(self._connections)
+
+    @property
+    def draining(self) -> bool:
+        return self._api.draining
+
+    async def drain(self, delay_s: float) -> None:
+        """Say 503 "draining" on /health while still serving, for `delay_s` (less if `force_close`
+        comes): the time a balancer's health checks take to send new requests elsewhere."""
+        self._api.draining = True
+        if delay_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cut.wait(), delay_s)
 
     async def close(self) -> None:
         if self._closed:
@@ -110,6 +129,7 @@ class Server:
         """Cut a graceful shutdown short: `close()` (running or to come) cancels what still runs
         now instead of waiting for it."""
         self._forced = True
+        self._cut.set()
 
     async def __aenter__(self) -> Server:
         return self
@@ -129,17 +149,21 @@ async def start_server(engine: Engine | EngineManager, config: ServerConfig) -> 
     connections: set[HttpProtocol] = set()
     manager = engine if isinstance(engine, EngineManager) else EngineManager(engine)
     api = OpenAIApi(manager, config)
-    metrics = ServerMetrics(manager, lambda: api.admission.waiting)
+    metrics = ServerMetrics(manager, lambda: api.admission.waiting, lambda: api.draining)
     manager.observers.append(metrics)
     router = Router(api, config.api_key, extra_routes(manager, api, config, metrics), PUBLIC)
     handler = metrics.instrument(router, router.paths)
-    server = await loop.create_server(
-        lambda: HttpProtocol(handler, config, COMMON_HEADERS, connections),
-        config.host,
-        config.port,
-        reuse_address=True,
-    )
-    return Server(server, connections, config)
+    try:
+        server = await loop.create_server(
+            lambda: HttpProtocol(handler, config, COMMON_HEADERS, connections),
+            config.host,
+            config.port,
+            reuse_address=True,
+        )
+    except OSError as exc:  # port taken, address not on this host, no permission
+        why = exc.strerror or str(exc)
+        raise ZincError(f"cannot listen on {config.host}:{config.port}: {why}") from exc
+    return Server(server, connections, config, api)
 
 
 def serve(engine: Engine | EngineManager, config: ServerConfig, initial_model: str | None = None) -> int:
@@ -197,6 +221,9 @@ async def _serve_until_signalled(
             await stop.wait()
             if loading is not None and not loading.done():
                 loading.cancel()
+            if config.drain_delay_s > 0:
+                log.info("draining: /health says 503 for %g s while requests are still served", config.drain_delay_s)
+            await server.drain(config.drain_delay_s)
             log.info(
                 "shutting down: running requests get %g s to finish; a second signal exits at once",
                 config.graceful_shutdown_timeout_s,

@@ -36,6 +36,7 @@ class ServerConfig:
     write_timeout_s: float = 30.0  # a client that reads nothing of a response for this long is dropped
     max_connections: int = 1024  # open connections; past them a new one gets 503 and is closed
     graceful_shutdown_timeout_s: float = 10.0  # streams still running after this are cancelled
+    drain_delay_s: float = 0.0  # after SIGTERM: /health 503 "draining" this long, still serving, then close
     body_high_water_bytes: int = 64 * KIB  # unread request body past this pauses reading
 
     def __post_init__(self) -> None:
@@ -48,6 +49,8 @@ class ServerConfig:
             value = getattr(self, name)
             if value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
+        if not (self.drain_delay_s >= 0 and math.isfinite(self.drain_delay_s)):
+            raise ValueError(f"drain_delay_s must be a number of seconds >= 0, got {self.drain_delay_s}")
         if self.max_queued_requests < 0:
             raise ValueError(f"max_queued_requests must be >= 0, got {self.max_queued_requests}")
         timeouts = ("request_timeout_s", "keep_alive_timeout_s", "write_timeout_s", "graceful_shutdown_timeout_s")

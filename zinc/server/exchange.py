@@ -1,7 +1,8 @@
 """What a request handler sees of one HTTP request/response cycle.
 
-Owns: `HttpRequest` (a frozen description of the request head) and `Exchange` (read the body,
-send exactly one response: whole or streamed). The exchange buffers body bytes handed to it by the
+Owns: `HttpRequest` (a frozen description of the request head), `request_id` (the client's
+`X-Request-Id` when it is safe to log, else a new one; the response echoes it) and `Exchange`
+(read the body, send exactly one response: whole or streamed). The exchange buffers body bytes handed to it by the
 connection and applies read back-pressure through the small `Connection` protocol below; it never
 touches h11 or a socket itself.
 Imports: the stdlib, zinc.server.error_table.
@@ -10,7 +11,9 @@ Imports: the stdlib, zinc.server.error_table.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -39,6 +42,20 @@ class HttpRequest:
         return None
 
 
+# A client's X-Request-Id is kept when it is short visible ASCII without spaces (so it is safe in
+# a log line); otherwise the server makes one.
+_REQUEST_ID = re.compile(r"[!-~]{1,128}")
+
+
+def request_id(request: HttpRequest) -> str:
+    """The id this request is known by in the logs and its `x-request-id` response header."""
+    given = request.header("x-request-id")
+    if given is not None and _REQUEST_ID.fullmatch(given):
+        return given
+    return f"req_{uuid.uuid4().hex}"
+
+
+
 class Connection(Protocol):
     """The part of the HTTP connection an exchange drives (implemented by HttpProtocol)."""
 
@@ -60,6 +77,7 @@ class Exchange:
 
     def __init__(self, connection: Connection, request: HttpRequest) -> None:
         self.request = request
+        self.request_id = request_id(request)
         self.started_at = time.perf_counter()
         self.status: int | None = None
         self.response_started = False

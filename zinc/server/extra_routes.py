@@ -27,7 +27,7 @@ from zinc.server.routes import Route
 from zinc.server.ui import chat_page
 
 RouteTable = dict[str, dict[str, Route]]
-PUBLIC = frozenset({"/", "/chat", "/health", "/v1/health"})
+PUBLIC = frozenset({"/", "/chat", "/health", "/v1/health", "/livez"})
 
 
 def scoped(manager: EngineManager, route: Route) -> Route:
@@ -60,6 +60,7 @@ def extra_routes(
         "/v1/models/remove": {"POST": models.remove},
         "/v1/health": {"GET": ops.health},
         "/v1/metrics": {"GET": ops.metrics},
+        "/livez": {"GET": ops.live},
         "/infill": {"POST": scoped(manager, infill.infill)},
         "/tokenize": {"POST": scoped(manager, ops.tokenize)},
         "/detokenize": {"POST": scoped(manager, ops.detokenize)},

@@ -279,6 +279,8 @@ class HttpProtocol(asyncio.Protocol):
 
     def send_head(self, status: int, headers: Headers) -> None:
         raw = [*self._common_headers, *((k.encode(), v.encode()) for k, v in headers)]
+        if self._exchange is not None:
+            raw.append((b"x-request-id", self._exchange.request_id.encode()))
         # Close rather than guess whether a client still waiting for 100-continue sends its body.
         if not self._keep_alive or self._conn.they_are_waiting_for_100_continue:
             raw.append((b"connection", b"close"))
@@ -515,7 +517,9 @@ class HttpProtocol(asyncio.Protocol):
         ms = (time.perf_counter() - exchange.started_at) * 1000.0
         tokens = "" if exchange.usage is None else " tokens={}+{}".format(*exchange.usage)
         request = exchange.request
-        access_log.info("%s %s %s %.1fms%s", request.method, request.path, status, ms, tokens)
+        access_log.info(
+            "%s %s %s %.1fms id=%s%s", request.method, request.path, status, ms, exchange.request_id, tokens
+        )
 
 
 def _chunk_left(conn: h11.Connection) -> int:

@@ -2,10 +2,11 @@
 
 Owns: `ServerMetrics`: counters of HTTP requests (by method, route and status), prompt and
 generated tokens and finished generations (by finish reason: stop, length, aborted, error);
+prompt tokens the prefix cache served, and their share (`zinc_prefix_cache_hit_ratio`);
 histograms of time to first token (from the generate call, so queueing counts) and time per
 output token; and gauges read at scrape time: requests running and queued, the KV cache (bytes
 reserved and in use, positions in use and capacity, pages by state, the page size, sessions
-holding pages) and the loaded model. It observes generations as an `EngineManager` observer
+holding pages), KV-cache utilization, whether the server is draining, and the loaded model. It observes generations as an `EngineManager` observer
 and requests by wrapping the router. The two per-token metrics (generated tokens, time per output
 token) are plain counts that only the event loop updates (`_TokenTally`), read at scrape time:
 prometheus_client's locked counters and its Python loop over a histogram's buckets cost the event
@@ -39,9 +40,12 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.
 class _StateCollector(Collector):
     """Gauges computed from the engine's state when Prometheus scrapes."""
 
-    def __init__(self, manager: EngineManager, waiting: Callable[[], int]) -> None:
+    def __init__(
+        self, manager: EngineManager, waiting: Callable[[], int], draining: Callable[[], bool]
+    ) -> None:
         self._manager = manager
         self._waiting = waiting
+        self._draining = draining
 
     def collect(self) -> Iterator[Metric]:
         stats = self._manager.stats()
@@ -69,6 +73,15 @@ class _StateCollector(Collector):
             "zinc_kv_cache_capacity_tokens", "KV cache positions in all.", value=stats.kv_capacity_tokens
         )
         yield from _page_gauges(stats)
+        yield GaugeMetricFamily(
+            "zinc_kv_cache_utilization",
+            "Share of KV cache pages held by requests or sessions (0..1).",
+            value=stats.kv_pages_in_use / stats.kv_pages_total if stats.kv_pages_total else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "zinc_draining", "1 after SIGTERM while /health says 503 and requests finish.",
+            value=int(self._draining()),
+        )  # fmt: skip
         yield GaugeMetricFamily(
             "zinc_model_weights_bytes", "Weight bytes of the loaded model.", value=stats.weights_bytes
         )
@@ -130,10 +143,28 @@ class _TokenTally(Collector):
         )  # fmt: skip
 
 
+class _HitRatio(Collector):
+    """The prefix cache's hit rate since start: cached over all prompt tokens of finished generations (an
+    endpoint picker reads one gauge; Prometheus can also divide the two counters' rates)."""
+
+    def __init__(self) -> None:
+        self.prompt = 0  # prompt tokens of finished generations
+        self.cached = 0  # of which the prefix cache served
+
+    def collect(self) -> Iterator[Metric]:
+        ratio = self.cached / self.prompt if self.prompt else 0.0
+        yield GaugeMetricFamily(
+            "zinc_prefix_cache_hit_ratio", "Prompt tokens served from the prefix cache, since start (0..1).",
+            value=min(1.0, ratio),
+        )  # fmt: skip
+
+
 class ServerMetrics:
     """The server's metrics registry and the hooks that feed it."""
 
-    def __init__(self, manager: EngineManager, waiting: Callable[[], int]) -> None:
+    def __init__(
+        self, manager: EngineManager, waiting: Callable[[], int], draining: Callable[[], bool] = lambda: False
+    ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -142,6 +173,13 @@ class ServerMetrics:
         self.prompt_tokens = Counter(
             "zinc_prompt_tokens", "Prompt tokens of started generations.", registry=r
         )
+        self.cached_tokens = Counter(
+            "zinc_prompt_cached_tokens",
+            "Prompt tokens of finished generations whose KV rows came from the prefix cache.",
+            registry=r,
+        )
+        self.hits = _HitRatio()
+        r.register(self.hits)
         self.generations = Counter(
             "zinc_generations", "Generations finished, by finish reason.", ["finish_reason"], registry=r
         )
@@ -151,7 +189,7 @@ class ServerMetrics:
         )  # fmt: skip
         self.tally = _TokenTally()
         r.register(self.tally)
-        r.register(_StateCollector(manager, waiting))
+        r.register(_StateCollector(manager, waiting, draining))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -185,8 +223,11 @@ class ServerMetrics:
                     tally.tokens += n
                 if delta.finish_reason is not None:
                     outcome = delta.finish_reason
-                    if delta.usage is not None and delta.usage.completion_tokens > counted:
-                        tally.tokens += delta.usage.completion_tokens - counted
+                    if delta.usage is not None:
+                        self.cached_tokens.inc(delta.usage.cached_tokens)
+                        self.hits.prompt += delta.usage.prompt_tokens
+                        self.hits.cached += delta.usage.cached_tokens
+                        tally.tokens += max(0, delta.usage.completion_tokens - counted)
                 yield delta
         except Exception:
             outcome = "error"

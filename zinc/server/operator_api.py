@@ -4,9 +4,10 @@ Owns: `POST /tokenize` (`content`, `add_special` (default false), `parse_special
 `with_pieces`) -> `{"tokens": [...]}`; `POST /detokenize` (`tokens`) -> `{"content"}`;
 `POST /apply-template` (`messages`, as chat completions take them) -> `{"prompt"}`;
 `GET /props` (context size, default generation settings, slots, model alias, chat template,
-modalities, the served endpoints as "METHOD /path"); `GET /metrics` (Prometheus text format); and
-`GET /health`, which answers 503 `{"status": "loading"}` while the first model (or the next,
-after a forced removal) loads and otherwise defers to the OpenAI API's health.
+modalities, the served endpoints as "METHOD /path"); `GET /metrics` (Prometheus text format);
+`GET /health` (readiness), which answers 503 `{"status": "loading"}` while the first model (or
+the next, after a forced removal) loads and otherwise defers to the OpenAI API's health (503
+"draining" after SIGTERM); and `GET /livez` (liveness), 200 whenever the server answers at all.
 Imports: zinc.engine.{manager, types}, zinc.errors, zinc.server.*, orjson, the stdlib.
 """
 
@@ -69,6 +70,11 @@ class OperatorApi:
             await exchange.respond_json(503, orjson.dumps(body), [("retry-after", "1")])
             return
         await self._api.health(request, exchange)
+
+    async def live(self, request: HttpRequest, exchange: Exchange) -> None:
+        """Liveness: the event loop answers (also while loading or draining, when /health is 503)."""
+        body = {"status": "alive", "uptime_seconds": int(time.time() - self._started)}
+        await exchange.respond_json(200, orjson.dumps(body))
 
     async def metrics(self, request: HttpRequest, exchange: Exchange) -> None:
         await exchange.respond(200, [("content-type", CONTENT_TYPE)], self._metrics.render())

@@ -30,8 +30,14 @@ log = logging.getLogger("zinc.server")
 
 Route = Callable[[HttpRequest, Exchange], Awaitable[None]]
 
-COMMON_HEADERS = (("access-control-allow-origin", "*"), ("server", "zinc"))
-DEFAULT_ALLOW_HEADERS = "authorization, content-type, x-api-key, anthropic-version"
+COMMON_HEADERS = (
+    ("access-control-allow-origin", "*"),
+    ("access-control-expose-headers", "x-request-id"),
+    ("server", "zinc"),
+)
+DEFAULT_ALLOW_HEADERS = (
+    "authorization, content-type, x-api-key, anthropic-version, x-request-id, x-session-id"
+)
 PREFLIGHT_MAX_AGE_S = 86400
 PUBLIC_PATHS = frozenset({"/health"})
 
@@ -74,7 +80,10 @@ class Router:
             await self._dispatch(request, exchange)
         except Exception as exc:
             if not isinstance(exc, ZincError):
-                log.error("unexpected error in %s %s", request.method, request.path, exc_info=exc)
+                log.error(
+                    "unexpected error in %s %s id=%s", request.method, request.path, exchange.request_id,
+                    exc_info=exc,
+                )  # fmt: skip
             if exchange.response_started:
                 raise  # the stream code reports its own errors; the connection is closed
             headers = []
