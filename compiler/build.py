@@ -3,7 +3,10 @@
 Owns: `compile_model` (build one artifact into a directory), `ensure_artifact` (compile on first
 use into `$ZINC_CACHE`, keyed by the GGUF identity, target, flags, versions and the generated
 MLIR; a broken or partly written cache entry is rebuilt, never trusted; one process compiles an
-entry while others wait for it, zinc.artifact.artifact_lock) and the cache location.
+entry while others wait for it, zinc.artifact.artifact_lock; a read-only cache, shared by
+machines that compile nothing, is only read: a missing entry there is a clear error, as it is
+with ZINC_NO_COMPILE=1) and the
+cache location.
 Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors.
 """
 
@@ -39,12 +42,13 @@ from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
 from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import (
     GENERIC,
-    TARGET_FLAGS,
     check_target,
     compile_mlir,
     compiler_version,
     detected_vulkan_target,
     index_inputs,
+    target_cpu_flags,
+    target_flags,
     vulkan_target_flags,
 )
 from zinc.errors import ArtifactError
@@ -80,6 +84,7 @@ class Plan:
     kv_dtype: str = "f32"  # the KV slab's element type
     vulkan_target: str = GENERIC  # IREE's Vulkan GPU target (zinc.compiler.targets.VULKAN_TARGETS)
     pooling: str | None = None  # the operator's pooling (`zinc serve --embeddings`); None: the GGUF's
+    cpu_features: frozenset[str] = frozenset()  # on the CPU: the ISA features the code may use
 
 
 def _source_digest() -> str:
@@ -135,6 +140,7 @@ def artifact_key(
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
         f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
         _baked_values(gguf), *([f"pooling={pooling}"] if pooling is not None else []),
+        *(["cpu=" + ",".join(sorted(target_cpu_flags()))] if target == "cpu" else []),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
@@ -151,7 +157,7 @@ def _baked_values(gguf: GGUFModel) -> str:
 
 def _flags(target: str, vulkan_target: str) -> tuple[str, ...]:
     """iree-compile's flags for `target`, with the Vulkan GPU target's (none for GENERIC)."""
-    return TARGET_FLAGS[target] + (vulkan_target_flags(vulkan_target) if check_target(target) == "vulkan" else ())
+    return target_flags(target) + (vulkan_target_flags(vulkan_target) if check_target(target) == "vulkan" else ())
 
 
 def _use_dot8(target: str) -> bool:
@@ -182,7 +188,8 @@ def plan(
     pause_point("emit")  # tests/faults: killed while the MLIR is generated
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=_flags(target, vulkan_target),
                 repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype,
-                vulkan_target=vulkan_target if kind == "vulkan" else GENERIC, pooling=pooling)  # fmt: skip
+                vulkan_target=vulkan_target if kind == "vulkan" else GENERIC, pooling=pooling,
+                cpu_features=target_cpu_flags() if kind == "cpu" else frozenset())  # fmt: skip
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
@@ -223,7 +230,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
     t0 = time.perf_counter()
 
     def compiled() -> bytes:
-        vmfb = compile_mlir(p.mlir, p.target, p.flags[len(TARGET_FLAGS[p.target]) :])
+        vmfb = compile_mlir(p.mlir, p.target, p.flags[len(target_flags(p.target)) :])
         say(f"compiled in {time.perf_counter() - t0:.1f} s ({len(vmfb) / 1e6:.2f} MB)")
         return vmfb
 
@@ -244,6 +251,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
             mlir_sha256=sha256_bytes(p.mlir.encode()),
             parameter_archives=[REPACKED_ARCHIVE] if p.repacked else [],
             kv_cache=KVCacheGeometry(dtype=p.kv_dtype),
+            cpu_features=sorted(p.cpu_features),
         )
         return manifest, vmfb
 
@@ -278,10 +286,24 @@ def ensure_artifact(
     directory = (cache_dir or cache_root()) / f"{gguf.path.stem}-{kind}-{key}"
     if _cached(directory, gguf, say):
         return directory
+    if os.environ.get("ZINC_NO_COMPILE") == "1" or not _writable(directory.parent):
+        raise ArtifactError(
+            f"no artifact of {gguf.path.name} for this {kind} target in the cache {directory.parent} "
+            f"(wanted {directory.name}), which is read-only here (or ZINC_NO_COMPILE=1): compile it with "
+            "`zinc compile` where the cache is writable, with this zinc and this machine's CPU or GPU "
+            "target, or serve a compiled one with `zinc serve --artifact DIR`"
+        )
     with artifact_lock(directory, say):  # one compile per entry; a process that waited finds it built
         if _cached(directory, gguf, say):
             return directory
         return compile_model(plan(gguf_path, target, batch_sizes, gpu, pooling), directory, progress)
+
+
+def _writable(folder: Path) -> bool:
+    """Whether `folder` (or, while it does not exist, the nearest folder above it) takes writes."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return os.access(folder, os.W_OK)
 
 
 def _cached(directory: Path, gguf: GGUFModel, say: Progress) -> bool:

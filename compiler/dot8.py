@@ -33,8 +33,6 @@ Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.compiler.kv_p
 from __future__ import annotations
 
 import os
-from functools import cache
-from pathlib import Path
 from string import Template
 from typing import Any
 
@@ -43,6 +41,7 @@ import numpy as np
 from zinc.compiler import kv_prefetch
 from zinc.compiler.kernels import QuantType, template
 from zinc.compiler.kv_prefetch import KvPrefetch
+from zinc.compiler.targets import target_cpu_flags
 from zinc.errors import ZincError
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
@@ -79,22 +78,9 @@ STACK_BUDGET = 28 * 1024
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
-@cache
-def _cpu_flags() -> frozenset[str]:
-    """The host's CPU flags from /proc/cpuinfo (none where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
-
-
 def host_supports() -> bool:
     """AVX2 (the byte dot products), F16C (scale decoding) and FMA."""
-    return {"avx2", "f16c", "fma"} <= _cpu_flags()
+    return {"avx2", "f16c", "fma"} <= target_cpu_flags()
 
 
 def enabled() -> bool:
@@ -103,7 +89,7 @@ def enabled() -> bool:
 
 def host_vnni() -> bool:
     """`vpdpbusd` in 256 bits: AVX-VNNI, or AVX-512 VNNI with VL."""
-    flags = _cpu_flags()
+    flags = target_cpu_flags()
     return "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
 
 
@@ -115,7 +101,7 @@ def vnni() -> bool:
 
 def host_wide() -> bool:
     """`vpdpbusd` in 512 bits: AVX-512 F, BW and VNNI."""
-    return {"avx512f", "avx512bw", "avx512_vnni"} <= _cpu_flags()
+    return {"avx512f", "avx512bw", "avx512_vnni"} <= target_cpu_flags()
 
 
 def wide_enabled() -> bool:

@@ -1,12 +1,13 @@
 """Compile targets and the one call into iree-compile.
 
-Owns: the table of iree-compile flags per target (`cpu` = llvm-cpu for the host, `vulkan` =
-SPIR-V), the Vulkan GPU targets (IREE's `--iree-vulkan-target` names, and `vulkan_target_for`,
+Owns: the table of iree-compile flags per target (`cpu` = llvm-cpu, `vulkan` = SPIR-V), the CPU
+the llvm-cpu code is for (`cpu_target`: this host, or a portable x86-64 level, and the features
+it may use), the Vulkan GPU targets (IREE's `--iree-vulkan-target` names, and `vulkan_target_for`,
 which maps a device's vendor, name and features to one) and `compile_mlir`, which turns MLIR text
 into vmfb bytes with a clear error.
 Imports: iree.compiler (only inside `compile_mlir`: importing it maps about 60 MB of compiler
-library, which serving a cached artifact never needs), zinc.errors, zinc.runtime.vulkan_probe
-(stdlib only: the device's properties).
+library, which serving a cached artifact never needs), zinc.errors, zinc.runtime.{cpu_flags,
+vulkan_probe} (stdlib only: the CPU's features, the GPU's properties).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from functools import cache
 from pathlib import Path
 
 from zinc.errors import CompileError, ZincError
+from zinc.runtime.cpu_flags import CPU_LEVELS, ISA_FLAGS, host_cpu_flags
 from zinc.runtime.vulkan_probe import VulkanInfo, probe
 
 # Every entry point takes a wait and a signal fence (IREE's async-external model): the runtime
@@ -35,13 +37,36 @@ TARGET_FLAGS: dict[str, tuple[str, ...]] = {
     "cpu": (
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
-        "--iree-llvmcpu-target-cpu=host",
         ASYNC,
         INDIRECT,
     ),
     "vulkan": ("--iree-hal-target-device=vulkan", ASYNC),
 }
 TARGETS = tuple(TARGET_FLAGS)
+VULKAN_TARGET_FLAG = "--iree-vulkan-target="
+CPU_TARGETS = ("host", *CPU_LEVELS)
+
+
+def cpu_target() -> str:
+    """The CPU the llvm-cpu target compiles for: `ZINC_CPU_TARGET` (`zinc compile --cpu-target`),
+    "host" (this CPU, all its features) by default, or a portable x86-64 level."""
+    name = os.environ.get("ZINC_CPU_TARGET") or "host"
+    if name not in CPU_TARGETS:
+        raise ZincError(f"unknown CPU target {name!r}: choose one of {', '.join(CPU_TARGETS)}")
+    return name
+
+
+def target_cpu_flags() -> frozenset[str]:
+    """The features the CPU target's code may use: this host's, or the level's. The kernels
+    choose their instructions from these (zinc.compiler.dot8); the manifest records them."""
+    name = cpu_target()
+    return host_cpu_flags() & ISA_FLAGS if name == "host" else CPU_LEVELS[name]
+
+
+def target_flags(target: str) -> tuple[str, ...]:
+    """iree-compile's flags for `target` (on the CPU, with the CPU target's name)."""
+    flags = TARGET_FLAGS[check_target(target)]
+    return (*flags, f"--iree-llvmcpu-target-cpu={cpu_target()}") if target == "cpu" else flags
 
 
 def check_target(target: str) -> str:
@@ -69,7 +94,7 @@ def compile_mlir(text: str, target: str, extra_flags: tuple[str, ...] = ()) -> b
     """Compile MLIR text for `target`; a compiler failure becomes a `CompileError`."""
     from iree.compiler import CompilerToolError, compile_str  # here, not at the top: see the docstring
 
-    flags = [*TARGET_FLAGS[check_target(target)], *extra_flags]
+    flags = [*target_flags(target), *extra_flags]
     try:
         out = compile_str(text, extra_args=flags)
     except CompilerToolError as exc:
@@ -157,7 +182,7 @@ def check_vulkan_target(name: str) -> str:
 
 def vulkan_target_flags(name: str) -> tuple[str, ...]:
     """The iree-compile flags of a Vulkan target (none for GENERIC)."""
-    return () if check_vulkan_target(name) == GENERIC else (f"--iree-vulkan-target={name}",)
+    return () if check_vulkan_target(name) == GENERIC else (f"{VULKAN_TARGET_FLAG}{name}",)
 
 
 def index_inputs(name: str) -> bool:

@@ -1,7 +1,7 @@
 """A model session: one compiled artifact, its GGUF weights and its paged KV cache on one device.
 
-Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF and the device,
-and, before mapping or allocating anything, that its weights, KV slab and working buffers fit in
+Owns: `ModelSession` — opens an artifact (checking its manifest against the GGUF, the device and,
+on the CPU, this CPU's features: zinc.runtime.cpu_flags; and, before mapping or allocating anything, that its weights, KV slab and working buffers fit in
 the memory available: `memory_needed`, zinc.runtime.memory), allocates the KV slab on the device
 once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch that padding rows point at), and runs
 steps as one step call plus one in-place `kv_write` call (enqueued without waiting: the device
@@ -14,11 +14,11 @@ padded to a compiled bucket; it returns once enqueued, and reading the step wait
 enqueued before that one is read), each given the slots of the positions it reads and writes;
 `prefill` / `decode` are the single-sequence forms with slot = position; `embed` (pooling models'
 artifacts) returns a whole input's final hidden states from one call that neither reads nor writes
-the slab. Only the greedy tokens
+the slab; `warm_up` runs one prefill and one decode step before a server says it is ready. Only the greedy tokens
 (4 bytes each) cross back to the host unless the caller asks for logits. `layer_major` puts rows
 held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).
 Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model,
-zinc.errors, zinc.runtime.memory.
+zinc.errors, zinc.runtime.{memory, cpu_flags}.
 """
 
 from __future__ import annotations
@@ -35,11 +35,13 @@ from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidReques
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import HParams, describe
 from zinc.runtime import memory
+from zinc.runtime.cpu_flags import check_cpu_features
 from zinc.runtime.device import DeviceSpec, to_host
 from zinc.runtime.memory import MemoryNeed, check_memory
 from zinc.runtime.module import ELEMENT_TYPES, LoadedModule
 
 DEFAULT_CONTEXT = 2048
+_CPU_FLAG = "--iree-llvmcpu-target-cpu="  # the manifest's flag naming the CPU target
 # Tokens per prefill call, per target. It bounds the step's transient memory (activations and
 # attention scores, kept by the allocator once used): on the CPU 128, the scheduler's chunk too
 # (a 512-token prompt at the same speed as in 256-token calls, 14 MiB less peak RSS for SmolLM2);
@@ -174,6 +176,9 @@ class ModelSession:
             raise ArtifactError(
                 f"{artifact_dir} was compiled for {self.manifest.target}, not for the {device.target} device"
             )
+        if device.target == "cpu":  # an artifact built elsewhere must not use what this CPU lacks
+            cpu = next((f.split("=", 1)[1] for f in self.manifest.flags if f.startswith(_CPU_FLAG)), "host")
+            check_cpu_features(self.manifest.cpu_features, str(artifact_dir), cpu)
         self.weights_bytes = sum(t.n_bytes for t in gguf.tensors.values())
         hp = self.manifest.hparams
         self.hparams = hp
@@ -203,6 +208,13 @@ class ModelSession:
         self.cache = self.module.empty((self.kv_slots, *self.row_shape), self.kv_dtype)  # only written slots are read
         zero = layer_major(np.zeros((1, *self.row_shape), ELEMENT_TYPES[self.kv_dtype][0]))  # padding reads scratch slot 0: keep it finite
         self._kv_write(self.cache, self.module.to_device(zero), self.module.to_device(np.zeros(1, np.int32)))
+
+    def warm_up(self) -> None:
+        """One prefill and one decode step (in slots 1 and 2, which a request writes before it
+        reads them): the first request then finds the weights paged in and every dispatch
+        initialised, so a server reports ready only when it answers at full speed."""
+        token = self.prefill([0], 0).token
+        _ = self.decode(token, 1).token
 
     @property
     def vocab_size(self) -> int:

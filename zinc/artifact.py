@@ -81,6 +81,7 @@ class Manifest:
     kv_cache: KVCacheGeometry = field(default_factory=KVCacheGeometry)
     sampling: str = "greedy token computed on the device (argmax); other samplers on the host from logits"
     files: dict[str, ArtifactFile] = field(default_factory=dict)  # every other file (set by write_artifact)
+    cpu_features: list[str] = field(default_factory=list)  # CPU target: ISA features the code uses
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -4,9 +4,12 @@ Owns: the `model` command group (a Typer sub-app that zinc.cli mounts), `pick_mo
 `-m` names: a GGUF path, or a catalog id; none means the default chosen with `zinc model use`,
 else smollm2), and `CliLoader`, the `ModelLoader` a server uses to activate models: it checks
 that the model fits in memory (zinc.runtime.memory), compiles through the cache
-(`ensure_artifact`; with `--embeddings`, its pooling in place of the GGUF's) and opens a `LocalEngine` with a KV slab of `kv_slots()` rows, so the server
-itself never imports the compiler or the runtime.
-Imports: typer, rich, zinc.catalog, zinc.compiler.build, zinc.engine, zinc.model, zinc.runtime,
+(`ensure_artifact`; with `--embeddings`, its pooling in place of the GGUF's) unless `--artifact`
+gave one (`check_artifact_dir`), warms the session up (one prefill and one decode step, so
+`/health` says ready only once the first request would not pay for first-touch costs) and opens a
+`LocalEngine` with a KV slab of `kv_slots()` rows, so the server itself never imports the
+compiler or the runtime.
+Imports: typer, rich, zinc.artifact, zinc.catalog, zinc.compiler.build, zinc.engine, zinc.model, zinc.runtime,
 zinc.tokenizer, zinc.errors (this is the top of the stack, like zinc.cli).
 """
 
@@ -23,11 +26,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from zinc.artifact import load_manifest
 from zinc.catalog.download import download_model
 from zinc.catalog.registry import CatalogRegistry
 from zinc.compiler.build import ensure_artifact
+from zinc.compiler.targets import GENERIC, VULKAN_TARGET_FLAG, detected_vulkan_target
 from zinc.engine.engine import LocalEngine
-from zinc.errors import InvalidRequestError, ZincError
+from zinc.errors import ArtifactError, InvalidRequestError, ZincError
 from zinc.model.gguf_file import open_gguf, resolve_model
 from zinc.model.hparams import supported_architectures
 from zinc.runtime.device import DEVICE_CHOICES, DeviceSpec, resolve_device
@@ -102,6 +107,7 @@ class CliLoader:
         self.max_queue = max_queue  # requests that may wait beyond `parallel`
         self.prefill_chunk = prefill_chunk  # prompt tokens per scheduler iteration; None: the target's
         self.pooling = pooling  # `--embeddings`: every model's pooling (an `embed` entry); None: the GGUF's
+        self.artifacts: dict[str, Path] = {}  # `--artifact`: a model's prebuilt artifact (never compiled)
 
     def can_load(self, model_id: str) -> bool:
         if model_id in self.paths:
@@ -121,15 +127,38 @@ class CliLoader:
         check_memory(need, model_id, options="--kv-tokens, --parallel, --ctx-size")
         tokenizer = Tokenizer.from_metadata(gguf.metadata)
         log.info("preparing %s for %s", model_id, self.device.name)
-        artifact = ensure_artifact(
+        artifact = self.artifacts.get(model_id) or ensure_artifact(
             path, self.device.target, lambda message: log.info("%s", message), pooling=self.pooling
         )
         session = ModelSession(artifact, path, self.device, self.context, kv_slots=slots)
+        session.warm_up()
         chat = ChatTemplate.from_metadata(gguf.metadata, tokenizer)
         return LocalEngine(
             session, tokenizer, chat, model_id, max_queue=self.max_queue, parallel=self.parallel,
             page_size=KV_PAGE_SIZE, prefill_chunk=self.prefill_chunk,
         )  # fmt: skip
+
+
+def check_artifact_dir(directory: Path, gguf_path: Path, device: DeviceSpec) -> Path:
+    """An artifact given with `--artifact`, checked before the server starts: a sound one of this
+    GGUF (zinc.artifact.load_manifest), for this device's target and, on Vulkan, for this GPU's
+    IREE target or the generic one (the session checks the CPU's features when it opens it)."""
+    if not directory.is_dir():
+        raise ArtifactError(f"--artifact {directory}: not a directory")
+    manifest = load_manifest(directory, open_gguf(gguf_path))
+    if manifest.target != device.target:
+        raise ArtifactError(
+            f"--artifact {directory} was compiled for {manifest.target}, not for {device.name} "
+            f"(compile it with --target {device.target}, or serve it with --device {manifest.target})"
+        )
+    built = next((f.split("=", 1)[1] for f in manifest.flags if f.startswith(VULKAN_TARGET_FLAG)), GENERIC)
+    here = detected_vulkan_target() if device.target == "vulkan" else GENERIC
+    if built not in (GENERIC, here):
+        raise ArtifactError(
+            f"--artifact {directory} was compiled for the {built} GPU target; this GPU ({device.name}) "
+            f"takes {here}: compile it with --vulkan-target {here}"
+        )
+    return directory
 
 
 def _size(n: int) -> str:

@@ -307,7 +307,7 @@ def test_shutdown_timeout_reaches_the_server(monkeypatch: pytest.MonkeyPatch, tm
     import typer
 
     import zinc.server
-    from zinc.cli import ServeOptions, run_server
+    from zinc.cli_serve import ServeOptions, run_server
     from zinc.server import ServerConfig
 
     model = tmp_path / "m.gguf"

@@ -19,7 +19,7 @@ from iree.compiler import compile_str
 
 from tests.conftest import DEVICES, device_params
 from tests.kernels.test_paged_kernels import HD, HKV, L, paged_module
-from zinc.compiler.targets import ASYNC, TARGET_FLAGS, compile_mlir
+from zinc.compiler.targets import ASYNC, compile_mlir, target_flags
 from zinc.runtime.device import open_device, to_host
 from zinc.runtime.invoke import Timeline
 from zinc.runtime.module import LoadedModule
@@ -124,7 +124,7 @@ def test_a_failed_device_call_does_not_fail_the_calls_after_it() -> None:
 
 def test_functions_compiled_synchronously_still_run() -> None:
     spec = DEVICES["cpu-task"]()
-    flags = [f for f in TARGET_FLAGS["cpu"] if f != ASYNC]
+    flags = [f for f in target_flags("cpu") if f != ASYNC]
     vmfb = compile_str(paged_module(False, tiled=True), extra_args=flags)
     assert isinstance(vmfb, bytes)
     mod = LoadedModule(vmfb, spec.uri)

@@ -365,7 +365,7 @@ def test_zinc_serve_hands_both_limits_to_the_server(monkeypatch: pytest.MonkeyPa
     import typer
 
     import zinc.server
-    from zinc.cli import ServeOptions, run_server
+    from zinc.cli_serve import ServeOptions, run_server
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"")  # only its existence is checked before serving

@@ -12,8 +12,8 @@ import pytest
 from tests.conftest import DEVICES
 from tests.e2e.test_cli import assert_one_line_error, zinc
 from zinc.catalog.registry import CatalogRegistry
-from zinc.cli import ServeOptions, run_server
 from zinc.cli_models import DEFAULT_MAX_QUEUE, KV_PAGE_SIZE, CliLoader, kv_slots
+from zinc.cli_serve import ServeOptions, run_server
 from zinc.server import ServerConfig
 
 
