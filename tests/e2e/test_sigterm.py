@@ -1,6 +1,7 @@
 """SIGTERM under load, with real server processes: running streams finish within the shutdown
 timeout and the process exits 0, new connections are refused meanwhile, and a second SIGTERM or a
-SIGINT exits at once (status 128 + the signal's number), cutting what still runs.
+SIGINT exits at once (status 128 + the signal's number), cutting what still runs; with
+--drain-delay, /health first says 503 while requests are still served.
 
 Two kinds of server: `serve()` on a fake engine whose generations hold after their first token
 until a line comes on the server's stdin (so the streams are running when the signal comes,
@@ -98,7 +99,8 @@ def wait_until_refused(port: int) -> None:
         try:
             with connect(port) as sock, sock.makefile("rb") as f:
                 sock.sendall(HEALTH)
-                assert f.readline() in (b"", b"HTTP/1.1 200 OK\r\n")  # served before, or closed
+                served = (b"", b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 503 Service Unavailable\r\n")
+                assert f.readline() in served  # served before (ready, or draining), or closed
         except ConnectionRefusedError:
             return
         except ConnectionResetError:
@@ -298,6 +300,42 @@ def test_zinc_serve_exits_at_once_on_a_second_signal(tiny_models: dict[str, Path
     assert b"SIGINT during shutdown" in stderr and b"Traceback" not in stderr
 
 
+def test_zinc_serve_drains_before_it_stops_listening(tiny_models: dict[str, Path]) -> None:
+    """With --drain-delay, SIGTERM first turns readiness off (/health 503 "draining") while new
+    connections and requests are still served, as a balancer's health checks need; then the
+    listener closes and the process exits 0."""
+    port = free_port()
+    proc = zinc_serve(tiny_models["tiny-q8-q41"], port, "--drain-delay", "3")
+    try:
+        wait_until_serving(proc, port)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        deadline = signalled + 2
+        while True:  # the signal reaches the server asynchronously
+            with connect(port) as sock, sock.makefile("rb") as f:
+                sock.sendall(HEALTH)
+                status, _, body = read_response(f)
+            if status == 503:
+                break
+            assert time.monotonic() < deadline, "/health did not turn 503"
+        assert orjson.loads(body)["status"] == "draining"
+        with connect(port) as sock, sock.makefile("rb") as f:  # a new connection, still served
+            sock.sendall(b"GET /livez HTTP/1.1\r\nHost: t\r\n\r\n")
+            assert read_response(f)[0] == 200
+            request = orjson.dumps({"prompt": "the end", "max_tokens": 4})
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n%s" % (len(request), request))
+            status, _, body = read_response(f)
+            assert status == 200 and orjson.loads(body)["usage"]["completion_tokens"] > 0
+        assert time.monotonic() - signalled < 3  # all that happened within the delay
+        wait_until_refused(port)
+        assert time.monotonic() - signalled >= 2.9  # and the listener stayed open for all of it
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, stderr.decode()
+    assert b"draining: /health says 503 for 3 s" in stderr and b"Traceback" not in stderr
+
+
 def test_shutdown_timeout_reaches_the_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`--shutdown-timeout` becomes `graceful_shutdown_timeout_s` (10 s by default); a value that is
     not a positive number of seconds stops before serving."""
@@ -317,8 +355,11 @@ def test_shutdown_timeout_reaches_the_server(monkeypatch: pytest.MonkeyPatch, tm
     monkeypatch.setattr(logging, "basicConfig", lambda **kwargs: None)
     options = ServeOptions(str(model), "cpu", "local-task", 128, "127.0.0.1", 0, 2, None)
     run_server(options)
-    run_server(replace(options, shutdown_timeout=2.5))
+    run_server(replace(options, shutdown_timeout=2.5, drain_delay=4.0))
     assert [c.graceful_shutdown_timeout_s for c in seen] == [10.0, 2.5]
+    assert [c.drain_delay_s for c in seen] == [0.0, 4.0]
+    with pytest.raises(typer.Exit):
+        run_server(replace(options, drain_delay=-1.0))
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(typer.Exit):
             run_server(replace(options, shutdown_timeout=bad))
