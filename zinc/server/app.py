@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import resource
 import signal
@@ -228,6 +229,9 @@ async def _serve_until_signalled(
                 "shutting down: running requests get %g s to finish; a second signal exits at once",
                 config.graceful_shutdown_timeout_s,
             )
+        if isinstance(engine, EngineManager) and not forced_by:
+            await engine.unload()  # stop the model's threads and free its device objects now,
+            gc.collect()  # before the interpreter's exit finds IREE objects still alive
     finally:
         for sig in signals:
             with contextlib.suppress(ValueError, RuntimeError):
