@@ -1,13 +1,19 @@
-"""The `embed` entry point of a pooling model: a whole input's final hidden states, no KV cache.
+"""The `embed` entry points of a pooling model: whole inputs' final hidden states, no KV cache.
 
 Owns: `pools(hp)` (whether a model's GGUF declares a pooling that zinc serves: mean, cls or last;
 `{arch}.pooling_type`) and `EmbedEntry`, which emits
   embed(ids [T] i32) -> hidden [T, d]
 the decoder graph of zinc.compiler.graph over the T tokens at positions 0.. (causal attention over
-this call's own K/V rows only), then output_norm on every row; no output head. It neither reads nor
-returns cache rows, so an embedding never touches the pages of the sequences being generated. The
-pooling itself (and the L2 norm) runs on the host (zinc.engine.embeddings): the last row, the first
-or the mean are one numpy line on a [T, d] array that is small beside the step.
+this call's own K/V rows only), then output_norm on every row; no output head; and, on the CPU,
+  embed_x{N}(ids [T] i32, pos [T] i32, off_i, len_i index for each i < N) -> hidden [T, d]
+N inputs packed in one row of tokens, as prefill_x{N} packs prompts: input i is
+ids[off_i : off_i + len_i] at positions pos (0.. within each input), the matmuls and norms run
+over all T rows at once (a row's arithmetic is the same in any tile), and each input's attention
+is a lone `embed`'s over its own rows, so its hidden states are bit for bit those of `embed` on it
+alone. Neither reads nor returns cache rows, so an embedding never touches the pages of the
+sequences being generated. The pooling itself (and the L2 norm) runs on the host
+(zinc.engine.embeddings): the last row, the first or the mean are one numpy line on a [T, d] array
+that is small beside the step.
 Imports: zinc.compiler (graph, emitter), zinc.model.hparams.
 """
 
@@ -26,24 +32,32 @@ def pools(hp: HParams) -> bool:
 
 
 class EmbedEntry(_Entry):
-    """`embed`: a prefill from position 0 whose attention sees only its own rows, returning the
-    normalized hidden state of every token."""
+    """`embed` (`segments` 0): a prefill from position 0 whose attention sees only its own rows,
+    returning the normalized hidden state of every token; `embed_x{segments}`: that many inputs
+    in one call."""
 
-    def __init__(self, mod: ModuleEmitter, desc: ModelDescription) -> None:
-        super().__init__(mod, desc, batch=0)
+    def __init__(self, mod: ModuleEmitter, desc: ModelDescription, segments: int = 0) -> None:
+        super().__init__(mod, desc, batch=0, segments=segments)
 
     def text(self, name: str) -> str:
         hp, b = self.hp, self.b
         d = hp.embedding_length
         b.emit("%c0 = arith.constant 0 : index")
-        b.emit("%start = arith.constant 0 : index")  # positions 0..T-1: RoPE and the causal mask
+        b.emit("%start = arith.constant 0 : index")  # positions 0..T-1 (each segment's): RoPE and the causal mask
         x, _ = self.trunk()  # the K/V rows are not returned: the compiler drops them
         w = self.vector("output_norm.weight", d)
         x = b.rmsnorm(x, w, d, hp.layer_norm_rms_epsilon, "result_norm")
         act = f"tensor<{b.t}x{d}xf32>"
         b.emit(f"return {x} : {act}")
-        return "\n".join([f"func.func @{name}(%ids: tensor<?xi32>) -> {act} {{", *b.lines, "}"])
+        args = ["%ids: tensor<?xi32>"]
+        if self.segments:
+            args += ["%pos: tensor<?xi32>", *(f"%off{i}: index, %len{i}: index" for i in range(self.segments))]
+        return "\n".join([f"func.func @{name}({', '.join(args)}) -> {act} {{", *b.lines, "}"])
 
     def context_kv(self, il: int, new_kv: list[str]) -> tuple[str, str]:
         """Only this call's rows, by position (nothing is cached before them)."""
         return new_kv[0], new_kv[1]
+
+    def segment_context(self, i: int, il: int, new: list[str]) -> tuple[str, str, str]:
+        """Segment i's own rows only, from position 0."""
+        return new[0], new[1], "%start"

@@ -35,6 +35,9 @@ so every step takes the slots of the cached positions it attends over:
                                                                   zinc.compiler.embed) a whole
                                                                   input, no cache: its final
                                                                   hidden states after output_norm
+  embed_x{N}(ids [T] i32, pos [T] i32, then per segment i < N:    (the CPU, pooling models) N inputs
+             off_i, len_i index) -> hidden [T, d]                 packed as prefill_x{N} packs
+                                                                  prompts, each a lone `embed`
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
 prefill_x{N} has one entry per bucket N > 1: the matmuls, norms and RoPE run over all T rows at
@@ -75,6 +78,10 @@ def packed_entry(segments: int) -> str:
     return f"prefill_x{segments}"
 
 
+def embed_packed_entry(segments: int) -> str:
+    return f"embed_x{segments}"
+
+
 def packed_sizes(batch_sizes: tuple[int, ...], tiled: bool) -> list[int]:
     """The segment counts of the packed prefill entries: the decode buckets above 1, on the CPU."""
     return sorted(set(batch_sizes) - {1}) if tiled else []
@@ -82,10 +89,11 @@ def packed_sizes(batch_sizes: tuple[int, ...], tiled: bool) -> list[int]:
 
 def entry_points(batch_sizes: tuple[int, ...], tiled: bool, embed: bool = False) -> list[str]:
     """Every entry point `emit_module` emits for these buckets (the manifest lists them); `embed`
-    for a model that pools (zinc.compiler.embed.pools)."""
+    and its packed forms for a model that pools (zinc.compiler.embed.pools)."""
     decode = [decode_entry(b) for b in sorted({1, *batch_sizes})]
-    packed = (packed_entry(n) for n in packed_sizes(batch_sizes, tiled))
-    return [*ENTRY_POINTS, *decode, *packed, *(["embed"] if embed else [])]
+    packed = [packed_entry(n) for n in packed_sizes(batch_sizes, tiled)]
+    embeds = ["embed", *(embed_packed_entry(n) for n in packed_sizes(batch_sizes, tiled))] if embed else []
+    return [*ENTRY_POINTS, *decode, *packed, *embeds]
 
 
 def cache_type(desc: ModelDescription, dt: str = "f32") -> str:
@@ -121,6 +129,8 @@ def emit_module(
 
     if embed.pools(desc.hparams):
         mod.entries.append(embed.EmbedEntry(mod, desc).text("embed"))
+        for n in packed_sizes(batch_sizes, tiled):  # the CPU: several inputs in one call
+            mod.entries.append(embed.EmbedEntry(mod, desc, n).text(embed_packed_entry(n)))
     return mod
 
 
@@ -341,16 +351,22 @@ class _Entry:
             off, n = f"%off{i}", f"%len{i}"
             q = b.fresh("q_seg")
             b.emit(f"{q} = tensor.extract_slice {qc}[{off}, 0] [{n}, {nh * hd}] [1, 1] : {hhd} to {hhd}")
-            kv = []
+            new = []
             for part in (0, 1):
-                new = b.fresh("kv_seg")
-                b.emit(f"{new} = tensor.extract_slice {new_kv[part]}[{off}, 0, 0] [{n}, {nkv}, {hd}] [1, 1, 1] : {rows} to {rows}")
-                kv.append(paged.context_kv(b, hp, f"%ctx{i}", il, part, new, f"%start{i}", n))
-            att = b.attention_window(q, (kv[0], kv[1]), f"%start{i}", nh, nkv, hd, hp.q_scale(), hp.window(il))
+                new.append(b.fresh("kv_seg"))
+                b.emit(f"{new[-1]} = tensor.extract_slice {new_kv[part]}[{off}, 0, 0] [{n}, {nkv}, {hd}] [1, 1, 1] : {rows} to {rows}")
+            k, v, start = self.segment_context(i, il, new)
+            att = b.attention_window(q, (k, v), start, nh, nkv, hd, hp.q_scale(), hp.window(il))
             nxt = b.fresh("attn_all")
             b.emit(f"{nxt} = tensor.insert_slice {att} into {out}[{off}, 0] [{n}, {nh * hd}] [1, 1] : {hhd} into {hhd}")
             out = nxt
         return out
+
+    def segment_context(self, i: int, il: int, new: list[str]) -> tuple[str, str, str]:
+        """Segment i's keys and values by position [S, Hkv, hd] (its cached rows, then `new`, its K
+        and V rows in this call) and the position of its first row."""
+        k, v = (paged.context_kv(self.b, self.hp, f"%ctx{i}", il, part, new[part], f"%start{i}", f"%len{i}") for part in (0, 1))
+        return k, v, f"%start{i}"
 
     def last_rows(self, x: str) -> str:
         """The last row of each segment of a packed prefill, [N, d] (dynamic type)."""

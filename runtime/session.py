@@ -14,7 +14,7 @@ padded to a compiled bucket; it returns once enqueued, and reading the step wait
 enqueued before that one is read), each given the slots of the positions it reads and writes;
 `prefill` / `decode` are the single-sequence forms with slot = position; `embed` (pooling models'
 artifacts) returns a whole input's final hidden states from one call that neither reads nor writes
-the slab; `warm_up` runs one prefill and one decode step before a server says it is ready. Only the greedy tokens
+the slab, `embed_packed` those of several short inputs from one call (CPU artifacts); `warm_up` runs one prefill and one decode step before a server says it is ready. Only the greedy tokens
 (4 bytes each) cross back to the host unless the caller asks for logits. `layer_major` puts rows
 held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).
 Imports: iree.runtime (through zinc.runtime.module/device), numpy, zinc.artifact, zinc.model,
@@ -51,6 +51,7 @@ _CPU_FLAG = "--iree-llvmcpu-target-cpu="  # the manifest's flag naming the CPU t
 PREFILL_CHUNK = {"cpu": 128, "vulkan": 8}
 SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
+EMBED_PACK_TOKENS = 256  # tokens of one packed embedding call, all its inputs together
 
 
 DEFAULT_BATCH = 8  # the largest decode bucket `zinc compile` builds by default
@@ -201,6 +202,7 @@ class ModelSession:
         self._packed = {b: self.module.fn(f"prefill_x{b}") for b in self.batch_sizes if f"prefill_x{b}" in entries}
         self._kv_write = self.module.fn("kv_write")
         self._embed = self.module.fn("embed") if "embed" in entries else None
+        self._embed_packed = {b: self.module.fn(f"embed_x{b}") for b in self.batch_sizes if f"embed_x{b}" in entries}
         self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
         self.kv_dtype = self.manifest.kv_cache.dtype  # f16 on the CPU, f32 on Vulkan
         if self.kv_dtype not in ELEMENT_TYPES:
@@ -250,6 +252,32 @@ class ModelSession:
             raise InvalidRequestError(f"on Vulkan an embedding input holds at most {chunk} tokens", param="input")
         hidden = self._embed(self.module.to_device(arr))
         return np.asarray(to_host(hidden, self.device), dtype=np.float32)
+
+    @property
+    def max_embed_packed(self) -> int:
+        """The most inputs one `embed_packed` call takes (0: the artifact has no packed `embed`)."""
+        return max(self._embed_packed, default=0)
+
+    def embed_packed(self, inputs: Sequence[Sequence[int]]) -> list[np.ndarray[Any, np.dtype[np.float32]]]:
+        """`embed` of 2 to `max_embed_packed` inputs, `EMBED_PACK_TOKENS` at most in all, in one
+        call (`embed_x{N}`, CPU artifacts): each input's hidden states [T_i, d] are bit for bit
+        those of `embed` on it alone."""
+        n = len(inputs)
+        if not 2 <= n <= self.max_embed_packed:
+            raise InvalidRequestError(f"a packed embedding holds 2 to {self.max_embed_packed} inputs")
+        arrs = [self._check(ids, 0) for ids in inputs]
+        sizes = [a.size for a in arrs]
+        if sum(sizes) > EMBED_PACK_TOKENS:
+            raise InvalidRequestError(f"a packed embedding holds at most {EMBED_PACK_TOKENS} tokens", param="input")
+        bucket = next(b for b in sorted(self._embed_packed) if b >= n)
+        pad = [np.zeros(1, np.int32)] * (bucket - n)  # padding inputs: one token at position 0
+        offs = np.cumsum([0, *sizes, *(1 for _ in pad)])
+        args = [int(v) for i in range(bucket) for v in (offs[i], offs[i + 1] - offs[i])]
+        ids = np.concatenate([*arrs, *pad])
+        pos = np.concatenate([np.arange(k, dtype=np.int32) for k in sizes] + pad)
+        hidden = self._embed_packed[bucket](self.module.to_device(ids), self.module.to_device(pos), *args)
+        rows = np.asarray(to_host(hidden, self.device), dtype=np.float32)
+        return [rows[offs[i] : offs[i + 1]] for i in range(n)]
 
     def kv_cache_bytes(self) -> int:
         return self.kv_slots * int(np.prod(self.row_shape)) * ELEMENT_TYPES[self.kv_dtype][0].itemsize

@@ -1,6 +1,7 @@
-"""Embeddings below the HTTP layer: pooling and normalization (zinc.engine.embeddings), the
-request parser (zinc.server.embeddings_api), the pooling metadata (`{arch}.pooling_type`), the
-`embed` entry in the emitted module, the operator's pooling (`zinc serve --embeddings`) and
+"""Embeddings below the HTTP layer: pooling and normalization (zinc.engine.embeddings), how a
+request's inputs are grouped into device calls (`packs`), the request parser
+(zinc.server.embeddings_api), the pooling metadata (`{arch}.pooling_type`), the `embed` entries
+(and the CPU's packed `embed_x{N}`) in the emitted module, the operator's pooling (`zinc serve --embeddings`) and
 `Scheduler.call` (an embedding's device call on the
 scheduler's thread)."""
 
@@ -24,7 +25,7 @@ from zinc.cli_models import CliLoader
 from zinc.compiler.build import artifact_key, plan
 from zinc.compiler.graph import emit_module, entry_points
 from zinc.engine.batcher import Scheduler
-from zinc.engine.embeddings import normalize, pool
+from zinc.engine.embeddings import normalize, packs, pool
 from zinc.errors import EngineClosedError, InvalidRequestError, QueueFullError, UnsupportedModelError
 from zinc.model.gguf_file import open_gguf
 from zinc.model.hparams import HParams, describe, with_pooling
@@ -50,6 +51,15 @@ def test_normalize_truncates_then_renormalizes() -> None:
     # Matryoshka: the first 2 values, back to unit length
     assert np.allclose(normalize(v, 2), [1 / np.sqrt(5), 2 / np.sqrt(5)])
     assert normalize(np.zeros(3, np.float32)).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_packs_group_inputs_in_order_within_both_limits() -> None:
+    assert packs([3, 4, 5, 6, 7], most=2, tokens=100) == [[0, 1], [2, 3], [4]]
+    assert packs([10, 10, 10, 10], most=8, tokens=25) == [[0, 1], [2, 3]]  # the token budget
+    assert packs([5, 300, 5, 5], most=8, tokens=256) == [[0], [1], [2, 3]]  # too long: alone
+    assert packs([1, 2, 3], most=0, tokens=256) == [[0], [1], [2]]  # no packed entry: one each
+    assert packs([7], most=8, tokens=256) == [[0]] and packs([], most=8, tokens=256) == []
+    assert packs([8] * 32, most=8, tokens=256) == [list(range(i, i + 8)) for i in range(0, 32, 8)]
 
 
 def test_parse_input_shapes() -> None:
@@ -99,11 +109,15 @@ def test_pooling_metadata_and_the_embed_entry(tiny_models: dict[str, Path]) -> N
     # a manifest written before pooling_type existed reads as no pooling
     old = {k: v for k, v in chat.hparams.to_json().items() if k != "pooling_type"}
     assert HParams.from_json(old) == chat.hparams
-    text = emit_module(embed, tiled=True).text("m")
+    text = emit_module(embed, tiled=True, batch_sizes=(1, 4)).text("m")
     assert "func.func @embed(%ids: tensor<?xi32>) -> tensor<?x64xf32>" in text
+    packed = "func.func @embed_x4(%ids: tensor<?xi32>, %pos: tensor<?xi32>, %off0: index, %len0: index, "
+    assert packed in text and "@embed_x8" not in text
     assert "@embed" not in emit_module(chat, tiled=True).text("m")
-    assert entry_points((1, 4), True, embed=True)[-1] == "embed"
-    assert "embed" not in entry_points((1, 4), True)
+    assert "@embed_x" not in emit_module(embed, tiled=False).text("m")  # Vulkan: `embed` alone
+    assert entry_points((1, 4), True, embed=True)[-2:] == ["embed", "embed_x4"]
+    assert entry_points((1, 4), False, embed=True)[-1] == "embed"
+    assert not any(e.startswith("embed") for e in entry_points((1, 4), True))
 
 
 def started(model: FakeModel, **kwargs: Any) -> Scheduler:

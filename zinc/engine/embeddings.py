@@ -3,10 +3,11 @@
 Owns: `pool` (llama.cpp's pooling types: "mean" over every token, "cls" the first token's,
 "last" the last token's, as Qwen3-Embedding declares), `normalize` (Matryoshka truncation to
 `dimensions`, then the L2 norm: a truncated vector is renormalized, as such models expect),
-`Embeddings` (the vectors and the tokens they took) and the `Embedder` protocol: what the server
-needs from an engine that embeds (zinc.engine.engine.LocalEngine; EngineManager forwards it).
-The hidden states come from the session's `embed` call, run on the scheduler's thread like every
-device call.
+`Embeddings` (the vectors and the tokens they took), `packs` (a request's inputs grouped, in order,
+into the device calls that embed them: several short inputs per call where the artifact packs
+them) and the `Embedder` protocol: what the server needs from an engine that embeds
+(zinc.engine.engine.LocalEngine; EngineManager forwards it). The hidden states come from the
+session's `embed` or `embed_packed` calls, run on the scheduler's thread like every device call.
 Imports: numpy, the stdlib.
 """
 
@@ -43,6 +44,22 @@ def normalize(vector: np.ndarray[Any, Any], dimensions: int | None = None) -> Ve
     v = np.asarray(vector[:dimensions] if dimensions else vector, dtype=np.float64)
     norm = float(np.linalg.norm(v))
     return np.asarray(v / norm if norm > 0 else v, dtype=np.float32)
+
+
+def packs(lengths: Sequence[int], most: int, tokens: int) -> list[list[int]]:
+    """The indices of inputs of these token `lengths`, in order, in groups of at most `most`
+    inputs and `tokens` tokens together: each group one device call. An input longer than
+    `tokens`, or every input when `most` < 2, is a group alone."""
+    groups: list[list[int]] = []
+    held = 0  # the tokens of the last group
+    for i, n in enumerate(lengths):
+        if groups and len(groups[-1]) < most and held + n <= tokens:
+            groups[-1].append(i)
+            held += n
+        else:
+            groups.append([i])
+            held = n
+    return groups
 
 
 @dataclass(frozen=True)

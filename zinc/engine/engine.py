@@ -10,9 +10,10 @@ the request's event loop through one `EventRelay` per loop (a step's tokens wake
 request's grammar (constrained decoding), sampling and logprobs are its `TokenPicker`; each
 token's logprobs ride on the delta that carries the token, even when its text is held back.
 `session_id` keeps a conversation's pages cached between requests until `release_session`.
-`embed` (an `Embedder`, zinc.engine.embeddings): each input's final hidden states from the
-session's `embed` call, one input per call on the scheduler's thread (decode steps go on between
-them), pooled as the GGUF declares and normalized here.
+`embed` (an `Embedder`, zinc.engine.embeddings): the inputs' final hidden states from the session,
+several short inputs per `embed_packed` call where the artifact has it, else one per `embed` call,
+each call on the scheduler's thread (decode steps go on between them), pooled as the GGUF declares
+and normalized here.
 Imports: zinc.engine (types, generate, batcher, relay, stops, constraint, embeddings), zinc.runtime.session,
 zinc.tokenizer, zinc.errors.
 """
@@ -29,7 +30,7 @@ from typing import Any
 
 from zinc.engine.batcher import Scheduler
 from zinc.engine.constraint import GrammarMatcher
-from zinc.engine.embeddings import Embeddings, normalize, pool
+from zinc.engine.embeddings import Embeddings, Vector, normalize, packs, pool
 from zinc.engine.generate import Sampled, TokenPicker
 from zinc.engine.relay import EventChannel, EventRelay
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest
@@ -44,7 +45,7 @@ from zinc.engine.types import (
     Usage,
 )
 from zinc.errors import ContextLengthExceededError, EngineClosedError, InvalidRequestError, ZincError
-from zinc.runtime.session import ModelSession
+from zinc.runtime.session import EMBED_PACK_TOKENS, ModelSession
 from zinc.tokenizer import ChatTemplate, IncrementalDecoder, Tokenizer
 
 
@@ -211,11 +212,17 @@ class LocalEngine:
                 exc = ContextLengthExceededError(len(ids), self.context_length)
                 exc.param = "input"
                 raise exc
-        vectors = []
-        for ids in inputs:  # one call each: the running sequences' steps go on between them
-            hidden = await asyncio.wrap_future(self.scheduler.call(partial(self.session.embed, list(ids))))
-            vectors.append(normalize(pool(hidden, pooling), dimensions))
-        return Embeddings(vectors, sum(len(ids) for ids in inputs))
+        vectors: dict[int, Vector] = {}
+        session = self.session
+        for group in packs([len(ids) for ids in inputs], session.max_embed_packed, EMBED_PACK_TOKENS):
+            group_ids = [list(inputs[i]) for i in group]  # the running sequences' steps go on between the calls
+            call = (
+                partial(session.embed_packed, group_ids) if len(group) > 1 else partial(_embed_alone, session, group_ids[0])
+            )
+            hidden = await asyncio.wrap_future(self.scheduler.call(call))
+            for i, rows in zip(group, hidden, strict=True):
+                vectors[i] = normalize(pool(rows, pooling), dimensions)
+        return Embeddings([vectors[i] for i in range(len(inputs))], sum(len(ids) for ids in inputs))
 
     def _logprob(self, sampled: Sampled) -> TokenLogprob:
         def piece(token: int) -> tuple[str, bytes]:
@@ -226,3 +233,6 @@ class LocalEngine:
         top = tuple(TopLogprob(*piece(t), lp) for t, lp in sampled.top)
         assert sampled.logprob is not None
         return TokenLogprob(text, raw, sampled.logprob, top)
+
+def _embed_alone(session: ModelSession, ids: list[int]) -> list[Vector]:
+    return [session.embed(ids)]
