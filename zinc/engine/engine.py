@@ -234,5 +234,6 @@ class LocalEngine:
         assert sampled.logprob is not None
         return TokenLogprob(text, raw, sampled.logprob, top)
 
+
 def _embed_alone(session: ModelSession, ids: list[int]) -> list[Vector]:
     return [session.embed(ids)]
