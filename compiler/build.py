@@ -27,6 +27,7 @@ import numpy as np
 from zinc.artifact import (
     FORMAT_VERSION,
     MANIFEST,
+    VULKAN_SCATTER_LIMIT,
     KVCacheGeometry,
     Manifest,
     artifact_lock,
@@ -108,16 +109,11 @@ def batch_buckets(batch_sizes: tuple[int, ...] | None) -> tuple[int, ...]:
     return tuple(sorted({1, *sizes}))
 
 
-VULKAN_SCATTER_LIMIT = (
-    65535  # elements one SPIR-V scatter dispatch writes correctly (IREE 3.13, see paged.kv_write)
-)
-VULKAN_PREFILL_ROWS = 8  # zinc.runtime.session.PREFILL_CHUNK["vulkan"]
-
-
 def _check_vulkan_rows(hp: HParams, buckets: tuple[int, ...]) -> None:
-    """A step's rows of one layer must fit one Vulkan scatter dispatch."""
+    """A decode step's rows of one layer must fit one Vulkan scatter dispatch (a prefill takes as
+    many tokens per call as fit: zinc.artifact.prefill_rows)."""
     per_row = 2 * hp.head_count_kv * hp.key_length
-    rows = max(VULKAN_PREFILL_ROWS, *buckets)
+    rows = max(buckets)
     if rows * per_row > VULKAN_SCATTER_LIMIT:
         most = VULKAN_SCATTER_LIMIT // per_row
         raise ArtifactError(

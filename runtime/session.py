@@ -6,7 +6,7 @@ the memory available: `memory_needed`, zinc.runtime.memory), allocates the KV sl
 once (`kv_slots` rows, slot-major; slot 0 is zeroed scratch that padding rows point at), and runs
 steps as one step call plus one in-place `kv_write` call (enqueued without waiting: the device
 runs a module's calls in order, zinc.runtime.invoke): `prefill_slots` (a prompt of one sequence,
-split into chunks; all but the last run `prefill_kv`, which has no output head), `prefill_rows` (a
+split into chunks of `chunk_tokens` (zinc.artifact.prefill_rows); all but the last run `prefill_kv`, which has no output head), `prefill_rows` (a
 prompt's earlier part, K/V only), `prefill_packed` (the last chunks of several prompts in one
 call, CPU artifacts), `decode_batch` (one token for each of up to max(batch_sizes) sequences,
 padded to a compiled bucket; it returns once enqueued, and reading the step waits for it) and
@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from zinc.artifact import Manifest, load_manifest
+from zinc.artifact import prefill_rows as tokens_per_call  # not ModelSession.prefill_rows
 from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidRequestError
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import HParams, describe
@@ -48,7 +49,6 @@ _CPU_FLAG = "--iree-llvmcpu-target-cpu="  # the manifest's flag naming the CPU t
 # on Vulkan 8, because IREE 3.13's SPIR-V code for the attention softmax over a dynamic token
 # count above 8 computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model
 # covers it).
-PREFILL_CHUNK = {"cpu": 128, "vulkan": 8}
 SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 EMBED_PACK_TOKENS = 256  # tokens of one packed embedding call, all its inputs together
@@ -83,7 +83,7 @@ def memory_needed(
     dtype = manifest.kv_cache.dtype if manifest is not None else memory.KV_DTYPE.get(target, "f32")
     rows = max(manifest.batch_sizes) if manifest is not None else DEFAULT_BATCH
     vmfb = (artifact_dir / manifest.vmfb).stat().st_size if manifest and artifact_dir else 0
-    chunk = PREFILL_CHUNK.get(target, PREFILL_CHUNK["cpu"])
+    chunk = tokens_per_call(target, hp)
     return MemoryNeed(
         weights=memory.weights_bytes(gguf, archives),
         kv_cache=slots * memory.kv_slot_bytes(hp, dtype),
@@ -188,6 +188,7 @@ class ModelSession:
         need = memory_needed(gguf, device.target, context_length, kv_slots, artifact_dir, self.manifest)
         check_memory(need, gguf.path.stem)  # before anything is mapped or allocated
         self.batch_sizes = tuple(sorted(self.manifest.batch_sizes))
+        self.chunk_tokens = tokens_per_call(self.manifest.target, hp)  # prompt tokens per prefill call
         self.module = LoadedModule(
             artifact_dir / self.manifest.vmfb,
             device.uri,
@@ -234,7 +235,7 @@ class ModelSession:
     @property
     def packed_tokens(self) -> int:
         """The most tokens one `prefill_packed` call takes, all its prompts together."""
-        return PREFILL_CHUNK[self.manifest.target]
+        return self.chunk_tokens
 
     @property
     def embeds(self) -> bool:
@@ -247,9 +248,6 @@ class ModelSession:
         if self._embed is None:
             raise InvalidRequestError("this model declares no pooling (GGUF {arch}.pooling_type): it has no embeddings")
         arr = self._check(ids, 0)
-        chunk = PREFILL_CHUNK[self.manifest.target]
-        if self.manifest.target == "vulkan" and arr.size > chunk:  # the softmax over more rows is wrong there
-            raise InvalidRequestError(f"on Vulkan an embedding input holds at most {chunk} tokens", param="input")
         hidden = self._embed(self.module.to_device(arr))
         return np.asarray(to_host(hidden, self.device), dtype=np.float32)
 
@@ -302,7 +300,7 @@ class ModelSession:
         """Run `ids` of one sequence at positions start..; `slots[p]` is position p's slot."""
         arr = self._check(ids, start)
         where = self._slots(slots, start + arr.size)
-        size = PREFILL_CHUNK[self.manifest.target]
+        size = self.chunk_tokens
         last = (arr.size - 1) // size * size  # the last chunk's offset: only it needs the head
         self._store_rows(arr[:last], start, where)
         _, logits, token = self._chunk(arr[last:], start + last, where, rows_only=False)
@@ -315,7 +313,7 @@ class ModelSession:
 
     def _store_rows(self, arr: np.ndarray[Any, np.dtype[np.int32]], start: int, where: Slots) -> None:
         """`prefill_kv` calls of at most one chunk each over `arr`, at positions start.."""
-        size = PREFILL_CHUNK[self.manifest.target]
+        size = self.chunk_tokens
         for off in range(0, arr.size, size):
             self._chunk(arr[off : off + size], start + off, where, rows_only=True)
 

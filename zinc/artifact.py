@@ -5,7 +5,7 @@ entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the
 of repacked weights, and the size (and, but for an archive, the sha256) of every file it vouches
 for), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not
 understand, what is missing or partly written, and what does not match the GGUF it is used with,
-and `artifact_lock`.
+`artifact_lock`, and `prefill_rows` (tokens per prefill call on each target).
 
 Crash safety: an artifact is written into a temporary sibling directory (`.NAME.tmp-*`), each file
 fsynced, the manifest last (it names the size of every other file), then the directory
@@ -47,6 +47,18 @@ from zinc.model.hparams import HParams
 FORMAT_VERSION = 4
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
+PREFILL_ROWS = 128  # prompt tokens per prefill call
+# Elements one SPIR-V scatter dispatch writes correctly (IREE 3.13 leaves those past about 65,000
+# unwritten, checked on lavapipe): a Vulkan prefill call's K/V rows of one layer must fit.
+VULKAN_SCATTER_LIMIT = 65535
+
+
+def prefill_rows(target: str, hp: HParams) -> int:
+    """Prompt tokens per prefill call: PREFILL_ROWS, or on Vulkan as many as one layer's K/V
+    scatter (`kv_write`) holds: 127 for Gemma 3 270M, 63 for Llama 3.2 1B, 31 for an 8B."""
+    if target != "vulkan":
+        return PREFILL_ROWS
+    return max(1, min(PREFILL_ROWS, VULKAN_SCATTER_LIMIT // (2 * hp.head_count_kv * hp.key_length)))
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class ServeOptions:
     kv_tokens: int | None = None  # KV slab positions (None: `parallel` whole contexts)
     threads: int | None = None  # local-task worker threads (None: the physical cores)
     max_queue: int = DEFAULT_MAX_QUEUE  # requests that may wait for a slot; past them, 429 at once
-    prefill_chunk: int | None = None  # prompt tokens per scheduler iteration (None: 128 CPU, 8 Vulkan)
+    prefill_chunk: int | None = None  # prompt tokens per scheduler iteration (None: one prefill call's)
     write_timeout: float = 30.0  # seconds a client may read nothing of a response before it is dropped
     max_connections: int = 1024  # open connections; past them a new one gets 503 and is closed
     shutdown_timeout: float = 10.0  # seconds running requests get to finish after SIGTERM/SIGINT
@@ -125,7 +125,8 @@ PrefillChunkOpt = Annotated[
     typer.Option(
         "--prefill-chunk",
         help="Prompt tokens prefilled per step, all prompts together, between two decode steps "
-        "(default: 128 on the CPU, 8 on Vulkan); smaller: shorter stalls behind a long prompt",
+        "(default: one prefill call's, 128, or on Vulkan as many as fit one K/V write); smaller: "
+        "shorter stalls behind a long prompt",
     ),
 ]
 WriteTimeoutOpt = Annotated[

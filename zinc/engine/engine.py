@@ -67,7 +67,7 @@ class LocalEngine:
         self._model_id = model_id
         self.max_queue = max_queue
         # prompt tokens per scheduler iteration (`--prefill-chunk`); by default one prefill call's
-        chunk = prefill_chunk or (128 if session.device_spec.target == "cpu" else 8)
+        chunk = prefill_chunk or session.chunk_tokens
         self.scheduler = Scheduler(
             session, page_size=page_size, parallel=min(parallel, 4 * session.max_batch), max_queue=max_queue,
             prefill_chunk=chunk,
