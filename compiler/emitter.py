@@ -441,26 +441,34 @@ class Body:
         """The greedy token of logits [1, V] (the first on exact ties)."""
         if self._vector_argmax(vocab):  # the CPU's dispatch, over rows
             return self.argmax_rows(logits, vocab)
-        name = self.mod.helper(
-            f"argmax_{vocab}", template("argmax.mlir").substitute(NAME=f"argmax_{vocab}", V=str(vocab))
-        )
+        name = self._argmax_helper(vocab, dynamic=False)
         return self.call(name, [(logits, f"tensor<1x{vocab}xf32>")], "tensor<1xi32>", "token")
 
     def argmax_rows(self, logits: str, vocab: int) -> str:
         """The greedy token of every row of logits [T, V]: on the CPU the hand-written dispatch of
         mlir/argmax_cpu.mlir (one workgroup per row, 16 lanes) where V is a multiple of
-        `ARGMAX_LANES`, else the linalg scan of mlir/argmax_rows.mlir (dynamic T; IREE compiles
-        that scan one element at a time)."""
+        `ARGMAX_LANES`, else the two-level linalg reductions of mlir/argmax.mlir."""
         if self._vector_argmax(vocab):
             name = f"argmax_cpu_{vocab}"
             self.mod.helper(name, template("argmax_cpu.mlir").substitute(NAME=name, V=str(vocab), C=str(vocab // ARGMAX_LANES)))
             return self._rows_call(name, [(logits, vocab)], [], "xi32", "tokens")
-        name = f"argmax_rows_{vocab}"
-        self.mod.helper(name, template("argmax_rows.mlir").substitute(NAME=name, V=str(vocab)))
+        name = self._argmax_helper(vocab, dynamic=True)
         return self.call(name, [(logits, f"tensor<?x{vocab}xf32>")], "tensor<?xi32>", "tokens")
 
     def _vector_argmax(self, vocab: int) -> bool:
         return self.mod.tiled and vocab % ARGMAX_LANES == 0
+
+    def _argmax_helper(self, vocab: int, dynamic: bool) -> str:
+        """mlir/argmax.mlir for [1, V] or [T, V]: blocks of B (the power of two at least V, at most
+        1024), the row padded with -inf to NB whole blocks."""
+        block = min(1024, 1 << (vocab - 1).bit_length())
+        blocks = -(-vocab // block)
+        name = f"argmax_{'rows_' if dynamic else ''}{vocab}"
+        subs = {
+            "NAME": name, "V": str(vocab), "B": str(block), "NB": str(blocks), "VP": str(blocks * block),
+            "PAD": str(blocks * block - vocab), **t_dims(dynamic),
+        }  # fmt: skip
+        return self.mod.helper(name, template("argmax.mlir").substitute(subs))
 
     @property
     def t_tag(self) -> str:

@@ -2,7 +2,10 @@
 
 On the CPU a vocabulary that is a multiple of 16 takes the hand-written dispatch of
 mlir/argmax_cpu.mlir (16 lanes, then the lanes); other vocabularies, and Vulkan, take the linalg
-scans of mlir/argmax.mlir (one row) and mlir/argmax_rows.mlir. Every form must give what a
+reductions of mlir/argmax.mlir (one row, or [T, V]). Over Gemma 3's 262,144
+tokens the single-reduction form read only the first 65,535 logits on Vulkan (lavapipe), so a
+token past them was never picked (Gemma 3 left llama.cpp's greedy path where its best token
+was 236761): the large-vocabulary test fails on that form. Every form must give what a
 first-to-last scan with a strict `>` gives: the first index on exact ties, never a NaN, and 0 for
 a row with nothing above -inf.
 """
@@ -44,7 +47,7 @@ def scan(row: np.ndarray) -> int:
 
 def cases(vocab: int) -> np.ndarray:
     rng = np.random.default_rng(11)
-    x = rng.standard_normal((9, vocab)).astype(np.float32)
+    x = rng.standard_normal((10, vocab)).astype(np.float32)
     x[1, [5, 37, 46]] = 9.0  # ties in different lanes: the first
     x[2, [3, 19, 35]] = 9.0  # ties in the same lane (16 apart)
     x[3, [0, 4]] = np.nan  # NaN first, then a larger value later
@@ -54,6 +57,8 @@ def cases(vocab: int) -> np.ndarray:
     x[6, [7, 23]] = np.inf  # +inf twice
     x[7] = 1.5  # all equal: 0
     x[8, vocab - 1] = 20.0  # the last one
+    x[9] = -np.inf  # a NaN, then nothing above -inf: 0
+    x[9, 0] = np.nan
     return x
 
 
@@ -71,3 +76,20 @@ def test_greedy_argmax_takes_the_first_largest(vocab: int, device: str, cpu: boo
     for i in range(len(x)):
         one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1])), mod.device)
         assert one.tolist() == [expect[i]]
+
+
+@pytest.mark.parametrize(("device", "cpu"), KERNEL_FORMS)
+def test_greedy_argmax_over_a_large_vocabulary(device: str, cpu: bool) -> None:
+    vocab = 262144  # Gemma 3's
+    spec = DEVICES[device]()
+    mod = LoadedModule(compile_mlir(argmax_module(vocab, cpu), spec.target), spec.uri)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, vocab)).astype(np.float32) * 3
+    x[0, [532, 236764, 236761]] = [20.7, 21.2, 22.2]  # what Vulkan got wrong: the largest late
+    x[1, [10, 200000]] = 30.0  # a tie far apart: the first
+    x[2, vocab - 1] = 40.0
+    expect = [int(np.argmax(r)) for r in x]
+    assert expect[0] == 236761 and expect[1] == 10
+    assert to_host(mod.fn("rows")(mod.to_device(x)), mod.device).tolist() == expect
+    for i in range(len(x)):
+        assert to_host(mod.fn("one")(mod.to_device(x[i : i + 1])), mod.device).tolist() == [expect[i]]
