@@ -21,6 +21,11 @@ test-sizes *ARGS:
 test-fuzz *ARGS:
     .venv/bin/python -m pytest --fuzz -m fuzz {{ARGS}}
 
+# The long golden tier: 32 greedy tokens of every golden prompt on Vulkan, SmolLM2 and Gemma 3
+# (lavapipe: about 10 minutes on 2 idle cores)
+test-golden-long *ARGS:
+    .venv/bin/python -m pytest --golden-long -m golden_long {{ARGS}}
+
 # ruff, mypy --strict and the import-linter contracts
 lint:
     bash scripts/lint

@@ -46,12 +46,16 @@ KERNEL_FORMS = [
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sizes", action="store_true", help="run the sizes tier (real-shape models, `-m sizes`)")
     parser.addoption("--fuzz", action="store_true", help="run the fuzz tier (tests/fuzz, minutes; `-m fuzz`)")
+    parser.addoption(
+        "--golden-long", action="store_true",
+        help="run the long golden tier (32 tokens of every prompt on Vulkan, minutes on lavapipe; `-m golden_long`)",
+    )  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # the sizes and fuzz tiers are deselected, not skipped: they are opt-in
-    for marker in ("sizes", "fuzz"):
-        if config.getoption(f"--{marker}"):
+    # the sizes, fuzz and long golden tiers are deselected, not skipped: they are opt-in
+    for marker in ("sizes", "fuzz", "golden_long"):
+        if config.getoption(marker):
             continue
         tier = [item for item in items if item.get_closest_marker(marker)]
         if tier:
