@@ -235,9 +235,9 @@ def render(result: dict[str, Any]) -> str:
     fits = max(1, host["cpus"] // s["threads"])  # replicas whose threads can each have a core
     lines = [
         f"Measured {result['when']} by `scripts/bench-replicas` on {host['cpus']} CPUs ({host['processor']}); "
-        f"load average {load['before'][0]:.2f} before and {load['after'][0]:.2f} after (1 min): other "
-        "engineers' jobs shared the host, so rounds vary (the min-max column), and differences inside "
-        "that spread are noise. Each replica: `zinc serve --parallel 8 --threads "
+        f"load average {load['before'][0]:.2f} before and {load['after'][0]:.2f} after (1 min; "
+        f"{'busy: other jobs shared the host' if load['before'][0] > host['cpus'] else 'otherwise idle'}); "
+        "differences inside a row's min-max spread are noise. Each replica: `zinc serve --parallel 8 --threads "
         f"{s['threads']} -c 512`, the bundled SmolLM2-135M Q4_1. {s['clients']} clients at once, each "
         f"sending {s['requests']} whole greedy chat completions of max_tokens {s['max_tokens']} in a row, "
         "every prompt new (only the system prompt is cached); aggregate tok/s is all completion tokens over "
