@@ -56,6 +56,24 @@ def f32_const(x: float) -> str:
     return f"{x:.9e}"
 
 
+def _argmax_indices(blocks: int, block: int, iotas: bool) -> dict[str, str]:
+    """mlir/argmax.mlir's block and element numbers: `linalg.index`, or on named GPU targets i32
+    iota constants read as inputs (zinc.compiler.kernels.with_index_inputs)."""
+    if not iotas:
+        lines = ["%n = linalg.index 1 : index", "%b = linalg.index 2 : index",
+                 "%ni = arith.index_cast %n : index to i32", "%bi = arith.index_cast %b : index to i32"]  # fmt: skip
+        return {"IOTAS": "", "IOTA_MAPS": "", "IOTA_INS": "", "IOTA_TYPES": "", "IOTA_ARGS": "",
+                "INDICES": "".join(f"      {line}\n" for line in lines)}  # fmt: skip
+    consts = "".join(
+        f"  %iota{n} = arith.constant dense<[{', '.join(map(str, range(n)))}]> : tensor<{n}xi32>\n" for n in sorted({blocks, block})
+    )
+    return {
+        "IOTAS": consts, "IOTA_MAPS": "affine_map<(t, n, b) -> (n)>, affine_map<(t, n, b) -> (b)>, ",
+        "IOTA_INS": f", %iota{blocks}, %iota{block}", "IOTA_TYPES": f", tensor<{blocks}xi32>, tensor<{block}xi32>",
+        "IOTA_ARGS": "%ni: i32, %bi: i32, ", "INDICES": "",
+    }  # fmt: skip
+
+
 class ModuleEmitter:
     """Collects the text of one MLIR module."""
 
@@ -466,7 +484,7 @@ class Body:
         name = f"argmax_{'rows_' if dynamic else ''}{vocab}"
         subs = {
             "NAME": name, "V": str(vocab), "B": str(block), "NB": str(blocks), "VP": str(blocks * block),
-            "PAD": str(blocks * block - vocab), **t_dims(dynamic),
+            "PAD": str(blocks * block - vocab), **t_dims(dynamic), **_argmax_indices(blocks, block, self.mod.index_inputs),
         }  # fmt: skip
         return self.mod.helper(name, template("argmax.mlir").substitute(subs))
 

@@ -4,7 +4,9 @@
 // levels, each a plain reduction (the largest value, then the smallest index holding it): on
 // Vulkan, IREE 3.13's code for one reduction over a whole 262,144-wide row read only its first
 // 65,535 elements (lavapipe, whose workgroup counts stop at 65,535), so Gemma 3's tokens past
-// them were never picked (tests/kernels/test_argmax.py).
+// them were never picked (tests/kernels/test_argmax.py). On named GPU targets the block and
+// element numbers come from i32 iota constants instead of linalg.index, as in the matmuls
+// (zinc.compiler.kernels.with_index_inputs says why).
 func.func private @${NAME}(%x: tensor<${T}x${V}xf32>) -> tensor<${T}xi32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %x, %c0 : tensor<${T}x${V}xf32>
@@ -30,15 +32,11 @@ func.func private @${NAME}(%x: tensor<${T}x${V}xf32>) -> tensor<${T}xi32> {
   } -> tensor<${T}x${NB}xf32>
   %ebi = tensor.empty(${DYN}) : tensor<${T}x${NB}xi32>
   %ib0 = linalg.fill ins(%vmax : i32) outs(%ebi : tensor<${T}x${NB}xi32>) -> tensor<${T}x${NB}xi32>
-  %ib = linalg.generic {indexing_maps = [affine_map<(t, n, b) -> (t, n, b)>, affine_map<(t, n, b) -> (t, n)>,
-        affine_map<(t, n, b) -> (t, n)>], iterator_types = ["parallel", "parallel", "reduction"]}
-      ins(%xb, %mb : tensor<${T}x${NB}x${B}xf32>, tensor<${T}x${NB}xf32>) outs(%ib0 : tensor<${T}x${NB}xi32>) {
-    ^bb0(%a: f32, %m: f32, %o: i32):
-      %n = linalg.index 1 : index
-      %b = linalg.index 2 : index
-      %ni = arith.index_cast %n : index to i32
-      %bi = arith.index_cast %b : index to i32
-      %base = arith.muli %ni, %bsz : i32
+${IOTAS}  %ib = linalg.generic {indexing_maps = [affine_map<(t, n, b) -> (t, n, b)>, affine_map<(t, n, b) -> (t, n)>,
+        ${IOTA_MAPS}affine_map<(t, n, b) -> (t, n)>], iterator_types = ["parallel", "parallel", "reduction"]}
+      ins(%xb, %mb${IOTA_INS} : tensor<${T}x${NB}x${B}xf32>, tensor<${T}x${NB}xf32>${IOTA_TYPES}) outs(%ib0 : tensor<${T}x${NB}xi32>) {
+    ^bb0(%a: f32, %m: f32, ${IOTA_ARGS}%o: i32):
+${INDICES}      %base = arith.muli %ni, %bsz : i32
       %at = arith.addi %base, %bi : i32
       %eq = arith.cmpf oeq, %a, %m : f32
       %c = arith.select %eq, %at, %vmax : i32

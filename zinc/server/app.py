@@ -229,7 +229,7 @@ async def _serve_until_signalled(
                 "shutting down: running requests get %g s to finish; a second signal exits at once",
                 config.graceful_shutdown_timeout_s,
             )
-        if isinstance(engine, EngineManager) and not forced_by:
+        if isinstance(engine, EngineManager) and not forced_by and engine.loading is None:
             await engine.unload()  # stop the model's threads and free its device objects now,
             gc.collect()  # before the interpreter's exit finds IREE objects still alive
     finally:
