@@ -102,6 +102,11 @@ def device_params(*names: str) -> list[object]:
     return [pytest.param(n, marks=[pytest.mark.vulkan] if n == "vulkan" else [], id=n) for n in names]
 
 
+# The golden tests' opt-in long Vulkan run (`--golden-long`): the device "vulkan" with every
+# prompt and all its tokens, where the ordinary "vulkan" run checks a few.
+VULKAN_LONG = pytest.param("vulkan-long", marks=[pytest.mark.vulkan, pytest.mark.golden_long], id="vulkan-long")
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("tiny")
