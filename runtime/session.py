@@ -178,7 +178,7 @@ class ModelSession:
                 f"{artifact_dir} was compiled for {self.manifest.target}, not for the {device.target} device"
             )
         if device.target == "cpu":  # an artifact built elsewhere must not use what this CPU lacks
-            cpu = next((f.split("=", 1)[1] for f in self.manifest.flags if f.startswith(_CPU_FLAG)), "host")
+            cpu = self.manifest.flag(_CPU_FLAG, "host")
             check_cpu_features(self.manifest.cpu_features, str(artifact_dir), cpu)
         self.weights_bytes = sum(t.n_bytes for t in gguf.tensors.values())
         hp = self.manifest.hparams

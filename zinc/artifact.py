@@ -96,6 +96,10 @@ class Manifest:
     cpu_features: list[str] = field(default_factory=list)  # CPU target: ISA features the code uses
     format_version: int = FORMAT_VERSION
 
+    def flag(self, prefix: str, default: str) -> str:
+        """The value of the iree-compile flag `prefix`VALUE among `flags`, or `default`."""
+        return next((f.removeprefix(prefix) for f in self.flags if f.startswith(prefix)), default)
+
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["hparams"] = self.hparams.to_json()

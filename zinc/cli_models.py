@@ -151,7 +151,7 @@ def check_artifact_dir(directory: Path, gguf_path: Path, device: DeviceSpec) -> 
             f"--artifact {directory} was compiled for {manifest.target}, not for {device.name} "
             f"(compile it with --target {device.target}, or serve it with --device {manifest.target})"
         )
-    built = next((f.split("=", 1)[1] for f in manifest.flags if f.startswith(VULKAN_TARGET_FLAG)), GENERIC)
+    built = manifest.flag(VULKAN_TARGET_FLAG, GENERIC)
     here = detected_vulkan_target() if device.target == "vulkan" else GENERIC
     if built not in (GENERIC, here):
         raise ArtifactError(
