@@ -118,7 +118,7 @@ def test_q4_k_m_rule_reproduces_the_gemma3_270m_file() -> None:
     assert ours == real
 
 
-@pytest.mark.parametrize("type_name", ["Q4_0", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize(
     ("cols", "std"), [(512, 512**-0.5), (4864, 2 * 4864**-0.5), (18944, 18944**-0.5), (2048, 1.0)]
 )
@@ -136,7 +136,7 @@ def test_blocks_dequantize_to_the_planned_std(type_name: str, cols: int, std: fl
     # every f16 scale field is finite and normal
     size = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][1]
     blocks = raw.reshape(-1, size)
-    fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q5_1": (0, 2), "Q6_K": (208,)}.get(type_name, (0,))
+    fields = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q4_1": (0, 2), "Q5_1": (0, 2), "Q6_K": (208,)}.get(type_name, (0,))
     for off in fields:
         h = np.abs(blocks[:, off : off + 2].copy().view(np.float16).astype(np.float32))
         assert np.isfinite(h).all() and (h >= rs.F16_MIN_NORMAL).all(), off
