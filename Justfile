@@ -35,6 +35,11 @@ lint:
 bench *ARGS:
     bash scripts/bench {{ARGS}}
 
+# zinc against llama.cpp's Vulkan llama-server on a lent GPU: `prepare` here, `run` there, `report FILE`
+# here; `dry-run` does it all here on lavapipe (scripts/gpu-bench)
+gpu-bench *ARGS:
+    bash scripts/gpu-bench {{ARGS}}
+
 # Serve the bundled model (or -m MODEL.gguf) on http://127.0.0.1:8080/v1
 serve *ARGS:
     .venv/bin/zinc serve {{ARGS}}

