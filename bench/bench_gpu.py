@@ -13,10 +13,11 @@ loopback, with the same slots and context, measured by the same one-thread clien
   answers it), `max_tokens` 1: prompt tokens / time to the first token;
 - decode tok/s: one greedy stream of --tokens tokens: (tokens - 1) / (last token - first token);
 - 1 stream and --streams streams' aggregate tok/s, worst TTFT (bench_streams.measure).
-Medians of --runs. The models have random weights: llama-server is sent `ignore_eos`, and a stream
-zinc ends early at an end token counts the tokens it made (`short`). Every step checks the time
-left of --budget-s and is skipped (and said so) when it cannot fit; the results are written to
---out after every step, so a run cut short keeps what it measured.
+Medians of --runs. Each server gets an equal share of the time left (--budget-s over the servers
+still to run), so a slow one cannot take the others' turns. The models have random weights: llama-server is sent `ignore_eos`, and a stream
+zinc ends early at an end token counts the tokens it made (`short`). A step that cannot fit in
+its server's share is skipped (and said so); the results are written to --out after every step,
+so a run cut short keeps what it measured.
 
 The memory-bandwidth ceiling: the GPU's read bandwidth (a torch reduction over 4 GiB, when torch
 and CUDA are there) over the bytes of weights a decode step reads (bench_sizes.bytes_per_token).
@@ -80,7 +81,8 @@ def prompt_ids(run: int, n: int) -> list[int]:
     return [1000 + run, 2000 + run] + [3000 + (i * 7919) % 40000 for i in range(n - 2)]
 
 
-def one(port: int, prompt: str | list[int], n: int, extra: Json) -> loopback.Stream:
+def one(port: int, prompt: str | list[int], n: int, extra: Json, budget: Budget) -> loopback.Stream:
+    loopback.REQUEST_TIMEOUT_S = max(10.0, budget.left())
     (s,) = streams(port, [(0.0, PATH, body(prompt, n, extra))])
     return s
 
@@ -89,18 +91,23 @@ def measure_server(server: Server, args: argparse.Namespace, extra: Json, budget
                    save: Callable[[], None]) -> None:  # fmt: skip
     """Fill `row` with the server's figures, step by step (`save` after each)."""
     port = server.port
-    loopback.REQUEST_TIMEOUT_S = max(30.0, min(300.0, budget.left()))
-    one(port, "Warm-up. Hello, how are you today?", 8, extra)
-    one(port, prompt_ids(99, args.prompt), 1, extra)  # the prefill shapes' first calls
+    one(port, "Warm-up. Hello, how are you today?", 8, extra, budget)
+    one(port, prompt_ids(99, args.prompt), 1, extra, budget)  # the prefill shapes' first calls
     ttft, prefill, decode = [], [], []
     for run in range(args.runs):
         if not budget.fits(20):
             row["skipped"] = f"prefill/decode after {run} runs: out of time"
             break
-        ttft.append(one(port, f"{run} Say hello in three words.", 1, extra).ttft)
-        p = one(port, prompt_ids(run, args.prompt), 1, extra)
+        ttft.append(one(port, f"{run} Say hello in three words.", 1, extra, budget).ttft)
+        p = one(port, prompt_ids(run, args.prompt), 1, extra, budget)
         prefill.append(args.prompt / p.ttft)
-        d = one(port, f"{run + 10} Write a long story about a dragon who learns to cook.", args.tokens, extra)
+        d = one(
+            port,
+            f"{run + 10} Write a long story about a dragon who learns to cook.",
+            args.tokens,
+            extra,
+            budget,
+        )
         decode.append(d.rate)
         row["short"] = row.get("short", 0) + (d.tokens < args.tokens)
         say(f"  {server.name} run {run + 1}: ttft {p.ttft * 1e3:.1f} ms, prefill {prefill[-1]:.1f} tok/s, "
@@ -118,6 +125,7 @@ def measure_server(server: Server, args: argparse.Namespace, extra: Json, budget
     if not budget.fits(need):
         row["skipped_streams"] = f"needs about {need:.0f} s, {budget.left():.0f} s left"
         return
+    loopback.REQUEST_TIMEOUT_S = max(10.0, budget.left())
     rows = measure_streams(server, args.streams, args.stream_tokens, args.runs, extra)
     row.update(streams=args.streams, stream1_tok_s=statistics.median(r["one"] for r in rows),
                streams_tok_s=statistics.median(r["agg"] for r in rows),
@@ -184,43 +192,40 @@ def run(args: argparse.Namespace) -> int:
         Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
     save()
+    turns = [(model, who) for model in models for who in ("zinc", "llama.cpp") if who in args.only]
     for model in models:
-        entry: Json = {
-            "name": model["name"],
-            "bytes_per_token": model["bytes_per_token"],
-            "zinc": {},
-            "llama.cpp": {},
-        }
-        out["models"][model["key"]] = entry
-        for who, argv_of, extra in (("zinc", zinc_argv, {}), ("llama.cpp", llama_argv, {"ignore_eos": True})):
-            if who not in args.only:
-                continue
-            row: Json = entry[who]
-            if not budget.fits(args.min_server_s):
-                row["skipped"] = f"out of time ({budget.left():.0f} s left)"
-                say(f"{model['key']} {who}: skipped, {budget.left():.0f} s left")
-                continue
-            port = free_port()
-            loopback.START_TIMEOUT_S = max(10.0, min(240.0, budget.left() - 30))
-            t0 = time.monotonic()
-            try:
-                with Server(f"{who} {model['key']}", argv_of(model, port, args), port, "/health") as server:
-                    row["start_s"] = time.monotonic() - t0
-                    save()
-                    try:
-                        measure_server(server, args, extra, budget, row, save)
-                    finally:
-                        row["log_tail"] = server.tail(3000)
-            except Exception as exc:  # a failed server or step is a result too; the next one runs
-                row["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
-                say(f"{model['key']} {who} failed: {row['error']}")
-            save()
+        out["models"][model["key"]] = {"name": model["name"], "bytes_per_token": model["bytes_per_token"],
+                                       "zinc": {}, "llama.cpp": {}}  # fmt: skip
+    for i, (model, who) in enumerate(turns):
+        row: Json = out["models"][model["key"]][who]
+        # an equal share of what is left, so that a slow server cannot take the later ones' time
+        turn = Budget(budget.left() / (len(turns) - i))
+        if not turn.fits(args.min_server_s):
+            row["skipped"] = f"out of time ({budget.left():.0f} s left for {len(turns) - i} servers)"
+            say(f"{model['key']} {who}: skipped, {budget.left():.0f} s left")
+            continue
+        argv, extra = (zinc_argv, {}) if who == "zinc" else (llama_argv, {"ignore_eos": True})
+        port = free_port()
+        loopback.START_TIMEOUT_S = max(10.0, min(240.0, turn.left() - 20))
+        t0 = time.monotonic()
+        try:
+            with Server(f"{who} {model['key']}", argv(model, port, args), port, "/health") as server:
+                row["start_s"] = time.monotonic() - t0
+                save()
+                try:
+                    measure_server(server, args, extra, turn, row, save)
+                finally:
+                    row["log_tail"] = server.tail(3000)
+        except Exception as exc:  # a failed server or step is a result too; the next one runs
+            row["error"] = f"{type(exc).__name__}: {exc}"[-3000:]
+            say(f"{model['key']} {who} failed: {row['error']}")
+        save()
     return 0
 
 
 # --- the report ---------------------------------------------------------------------------------------
 def fmt(v: float | None, digits: int = 1) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
+    return "-" if v is None else f"{v:.{digits if v >= 100 or digits else 1}f}"
 
 
 def ratio(a: float | None, b: float | None, invert: bool = False) -> str:
@@ -232,6 +237,7 @@ def ratio(a: float | None, b: float | None, invert: bool = False) -> str:
 def render(data: Json) -> str:
     info = data.get("gpu_info", {})
     bw = info.get("read_gb_s")
+    n = data["settings"]["streams"]
     lines = [
         SECTION, "",
         f"{data['gpu']} (Vulkan device: {data['vulkan_device']}; driver {info.get('driver', '?')}), {data['date']}, "
@@ -244,7 +250,7 @@ def render(data: Json) -> str:
         + (f"Ceiling: the GPU's measured read bandwidth ({bw:.0f} GB/s) over the bytes a token reads." if bw else ""),
         "",
         "| model | decode tok/s zinc | llama.cpp | ratio | zinc / ceiling | prefill tok/s zinc | llama.cpp | ratio "
-        "| TTFT ms zinc | llama.cpp | 1 stream tok/s zinc | 8 streams zinc | 8 / 1 zinc | 8 streams llama.cpp "
+        f"| TTFT ms zinc | llama.cpp | 1 stream tok/s zinc | {n} streams zinc | {n} / 1 zinc | {n} streams llama.cpp "
         "| start s zinc | llama.cpp |",
         "|---|" + "---:|" * 16,
     ]  # fmt: skip

@@ -1,7 +1,7 @@
 """The bundle scripts/gpu-bench carries to the GPU machine, made here and unpacked there.
 
 Usage: .venv/bin/python bench/gpu_bundle.py prepare [--dir .gpu-bench] [--python 3.12] [--vulkan-target ampere]
-                                           [--models smollm2,1b,8b]
+                                           [--models 1b,8b,smollm2]
        python3 bench/gpu_bundle.py unpack --bundle .gpu-bench --to DIR     (there, after the wheels are installed)
 
 At most 64 MiB travel with a device call, working tree included, and the machine has Python 3.12,
@@ -216,7 +216,7 @@ def main() -> int:
     p.add_argument("--dir", default=str(REPO / ".gpu-bench"))
     p.add_argument("--python", default="3.12", help="the GPU machine's Python")
     p.add_argument("--vulkan-target", default="ampere", help="IREE's target for its GPU (H100: ampere)")
-    p.add_argument("--models", default="smollm2,1b,8b", help=f"comma-separated, of {', '.join(MODELS)}")
+    p.add_argument("--models", default="1b,8b,smollm2", help=f"comma-separated, of {', '.join(MODELS)}")
     u = sub.add_parser("unpack", help="there: models, artifacts and llama-server into --to")
     u.add_argument("--bundle", default=str(REPO / ".gpu-bench"))
     u.add_argument("--to", required=True)
