@@ -2,7 +2,8 @@
 
 Usage (scripts/gpu-bench runs it; on the device machine after `gpu-bench run` unpacked the bundle):
   python bench/bench_gpu.py --bundle DIR --llama-server BIN --out FILE [--budget-s S] [--runs N]
-  python bench/bench_gpu.py --report FILE [--doc docs/PERFORMANCE.md] [--json docs/gpu-bench.json]
+  python bench/bench_gpu.py --report DIR [--doc docs/PERFORMANCE.md] [--json docs/gpu-bench.json]
+  (DIR: the run's output, gpu-bench.json and, when there, gpu_profile.py's gpu-profile.json)
 
 For each model of the bundle's models.json (a GGUF and zinc's Vulkan artifact for it), `zinc serve
 --device vulkan --artifact DIR` and then `llama-server -ngl 999` (every layer on the GPU) run alone on
@@ -289,14 +290,38 @@ def write_report(doc: Path, section: str) -> None:
     doc.write_text(head.rstrip() + "\n\n" + section.strip() + "\n\n" + sep + tail)
 
 
+def profile_lines(profile: Json, names: dict[str, str]) -> list[str]:
+    """The few kernels that take most of a decode step on the GPU, per model (gpu_profile.py)."""
+    lines = ["", "Where one decode step's time goes on the GPU (bench/gpu_profile.py: IREE's HAL profiling of "
+             "`decode_b1`; share of the step's dispatch time, calls, mean):", ""]  # fmt: skip
+    for key, p in profile.items():
+        if "top" not in p:
+            lines.append(
+                f"- {names.get(key, key)}: not profiled ({p.get('error', '?').splitlines()[-1][:200]})"
+            )
+            continue
+        top = ", ".join(f"`{t['function'].split('_dispatch_')[-1][:48]}` {100 * t['share']:.0f}% "
+                        f"({t['calls']} x {t['mean_us']:.0f} us)" for t in p["top"][:5])  # fmt: skip
+        lines.append(
+            f"- {names.get(key, key)}: a step {p['step_ms']:.2f} ms at {p['position']} cached positions; {top}"
+        )
+    return lines
+
+
 def report(args: argparse.Namespace) -> int:
-    data = json.loads(Path(args.report).read_text())
+    run_dir = Path(args.report)
+    data = json.loads((run_dir / "gpu-bench.json").read_text())
     for m in data["models"].values():  # the logs stay in the run's output, not in the docs
         for who in ("zinc", "llama.cpp"):
             m[who].pop("log_tail", None)
+    section = render(data)
+    if (run_dir / "gpu-profile.json").exists():
+        data["profile"] = json.loads((run_dir / "gpu-profile.json").read_text())
+        names = {key: m["name"] for key, m in data["models"].items()}
+        section += "\n" + "\n".join(profile_lines(data["profile"], names))
     Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-    write_report(Path(args.doc), render(data))
-    print(render(data))
+    write_report(Path(args.doc), section)
+    print(section)
     return 0
 
 
@@ -313,7 +338,7 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--stream-tokens", type=int, default=64)
     ap.add_argument("--only", nargs="+", default=["zinc", "llama.cpp"], choices=["zinc", "llama.cpp"])
-    ap.add_argument("--report", help="render this run's JSON into --doc and --json")
+    ap.add_argument("--report", help="render the run in this folder into --doc and --json")
     ap.add_argument("--doc", default="docs/PERFORMANCE.md")
     ap.add_argument("--json", default="docs/gpu-bench.json")
     args = ap.parse_args()

@@ -111,3 +111,17 @@ def test_report_names_what_failed_or_was_skipped(tmp_path: Path) -> None:
     assert "old figures" not in out and out.count("## GPU") == 1
     assert out.index("## Sizes") < out.index("## GPU") < out.index("## Notes")
     assert out.endswith("## Notes\n\nkept\n")
+
+
+def test_profile_lines_name_the_top_kernels_or_why_there_are_none() -> None:
+    top = [{"function": f"decode_b1_dispatch_{i}_reduction_4096x128", "share": s, "calls": 32, "mean_us": 50.0 * s}
+           for i, s in ((3, 0.5), (7, 0.25))]  # fmt: skip
+    profile = {"8b": {"step_ms": 12.5, "position": 256, "top": top},
+               "1b": {"error": "iree-benchmark-module failed\nVK_ERROR_DEVICE_LOST"}}  # fmt: skip
+    text = "\n".join(bench_gpu.profile_lines(profile, {"8b": "llama-3.1-8b Q4_0", "1b": "llama-3.2-1b Q4_0"}))
+    assert (
+        "- llama-3.1-8b Q4_0: a step 12.50 ms at 256 cached positions; `3_reduction_4096x128` 50% (32 x 25 us)"
+        in text
+    )
+    assert "`7_reduction_4096x128` 25%" in text
+    assert "- llama-3.2-1b Q4_0: not profiled (VK_ERROR_DEVICE_LOST)" in text
