@@ -27,7 +27,6 @@ import numpy as np
 from zinc.artifact import (
     FORMAT_VERSION,
     MANIFEST,
-    VULKAN_SCATTER_LIMIT,
     KVCacheGeometry,
     Manifest,
     artifact_lock,
@@ -54,7 +53,7 @@ from zinc.compiler.targets import (
 )
 from zinc.errors import ArtifactError
 from zinc.model.gguf_file import GGUFModel, open_gguf
-from zinc.model.hparams import ROPE_FREQS, HParams, describe, with_pooling
+from zinc.model.hparams import ROPE_FREQS, describe, with_pooling
 from zinc.runtime.archive import advise_willneed, read_tensor_bytes, write_parameter_archive
 
 Progress = Callable[[str], None]
@@ -109,19 +108,6 @@ def batch_buckets(batch_sizes: tuple[int, ...] | None) -> tuple[int, ...]:
     return tuple(sorted({1, *sizes}))
 
 
-def _check_vulkan_rows(hp: HParams, buckets: tuple[int, ...]) -> None:
-    """A decode step's rows of one layer must fit one Vulkan scatter dispatch (a prefill takes as
-    many tokens per call as fit: zinc.artifact.prefill_rows)."""
-    per_row = 2 * hp.head_count_kv * hp.key_length
-    rows = max(buckets)
-    if rows * per_row > VULKAN_SCATTER_LIMIT:
-        most = VULKAN_SCATTER_LIMIT // per_row
-        raise ArtifactError(
-            f"batch bucket {rows} is too large for this model on Vulkan (at most {most} rows per step); "
-            "pass a smaller --batch"
-        )
-
-
 def artifact_key(
     gguf: GGUFModel, target: str, batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES, vulkan_target: str = GENERIC,
     pooling: str | None = None,
@@ -171,14 +157,12 @@ def plan(
     desc = with_pooling(describe(gguf), pooling)
     buckets = batch_buckets(batch_sizes)
     kind = check_target(target)
-    if kind == "vulkan":
-        _check_vulkan_rows(desc.hparams, buckets)
     mod = llama.emit_module(
         desc,
         tiled=kind == "cpu",
         dot8=_use_dot8(kind),
         batch_sizes=buckets,
-        kv_write_per_layer=kind == "vulkan",
+        kv_write_parallel=kind == "vulkan",
         index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
     )
     pause_point("emit")  # tests/faults: killed while the MLIR is generated

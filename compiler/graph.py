@@ -109,13 +109,13 @@ def emit_module(
     tiled: bool = False,
     dot8: bool = False,
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
-    kv_write_per_layer: bool = False,
+    kv_write_parallel: bool = False,
     index_inputs: bool = False,
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
     one decode entry per batch size (1 is always included: single-sequence decode);
-    `kv_write_per_layer` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
+    `kv_write_parallel` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
     with subgroups (zinc.compiler.kernels.with_index_inputs)."""
     mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs)
     mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
@@ -124,7 +124,7 @@ def emit_module(
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
     for n in packed_sizes(batch_sizes, tiled):  # the CPU: several prompts' last chunks in one call
         mod.entries.append(_Entry(mod, desc, batch=0, segments=n).text(packed_entry(n)))
-    mod.entries.append(paged.kv_write(desc.hparams, kv_write_per_layer, mod.kv_dtype))
+    mod.entries.append(paged.kv_write(desc.hparams, kv_write_parallel, mod.kv_dtype))
     from zinc.compiler import embed  # not at the top: it builds on _Entry
 
     if embed.pools(desc.hparams):

@@ -166,46 +166,38 @@ def _slab_index_inputs(text: str, heads_kv: int, head_dim: int) -> str:
     return text
 
 
-def kv_write(hp: HParams, per_layer: bool = False, dt: str = "f32") -> str:
+def kv_write(hp: HParams, parallel: bool = False, dt: str = "f32") -> str:
     """`kv_write(cache, rows [L, 2, T, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
     place; token t's rows go to slot `slots[t]` (padding rows of a batch all go to scratch slot 0,
     so the indices need not be unique). One scatter of [Hkv, hd] pieces indexed by (slot, layer,
-    K|V).
+    K|V), whatever T.
 
     It is a separate call because IREE 3.13 drops the in-place write-back of an
     `iree.abi.output` argument that the same function also reads (it updates a copy).
-    `per_layer` (Vulkan) writes one scatter per layer: IREE 3.13's SPIR-V scatter leaves elements
-    past about 65,000 per dispatch unwritten (checked on lavapipe).
+    `parallel` (Vulkan) declares the indices unique, so that IREE spreads the scatter over
+    workgroups. Otherwise IREE 3.13 runs it, on every Vulkan target, as one invocation that loops
+    over every element, and lavapipe ends a shader's loops after 65,535 iterations in all
+    (llvmpipe's LP_MAX_TGSI_LOOP_ITERATIONS): the elements past 62,597 (SmolLM2's K/V width) to
+    65,024 (Gemma 3's) stayed unwritten, even within a 63-token prefill call of Llama 3.2 1B (on
+    a GPU one thread writes them all, one after another). Only padding rows share an index,
+    scratch slot 0, whose contents nothing reads: which of their writes lands there does not matter.
+    Smaller scatters in a loop over chunks of rows (scf.for) are no way out: IREE gives each
+    iteration a new copy of the whole slab, and the write-back to `cache` is lost.
     `dt`: the slab's (and the rows') element type.
     """
     nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
     ct, rt = slab_type(hp, dt), rows_type(hp, "?", dt)
     piece = f"tensor<?x{nkv}x{hd}x{dt}>"
-    lines = [
+    return "\n".join([
         f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
         "  %c0 = arith.constant 0 : index",
         "  %T = tensor.dim %slots, %c0 : tensor<?xi32>",
-    ]
-    if not per_layer:
-        lines += [
-            *_indices("%idx", nl, 0),
-            f"  %pieces = tensor.collapse_shape %rows [[0, 1, 2], [3], [4]] : {rt} into {piece}",
-            *_scatter("%r", "%pieces", piece, "%idx", "%cache", ct, dt),
-            f"  return %r : {ct}",
-            "}",
-        ]
-        return "\n".join(lines)
-    lt = f"tensor<1x2x?x{nkv}x{hd}x{dt}>"
-    acc = "%cache"
-    for il in range(nl):
-        lines += [
-            *_indices(f"%id{il}", 1, il),
-            f"  %s{il} = tensor.extract_slice %rows[{il}, 0, 0, 0, 0] [1, 2, %T, {nkv}, {hd}] [1, 1, 1, 1, 1] : {rt} to {lt}",
-            f"  %u{il} = tensor.collapse_shape %s{il} [[0, 1, 2], [3], [4]] : {lt} into {piece}",
-            *_scatter(f"%w{il}", f"%u{il}", piece, f"%id{il}", acc, ct, dt),
-        ]
-        acc = f"%w{il}"
-    return "\n".join([*lines, f"  return {acc} : {ct}", "}"])
+        *_indices("%idx", nl, 0),
+        f"  %pieces = tensor.collapse_shape %rows [[0, 1, 2], [3], [4]] : {rt} into {piece}",
+        *_scatter("%r", "%pieces", piece, "%idx", "%cache", ct, dt, parallel),
+        f"  return %r : {ct}",
+        "}",
+    ])  # fmt: skip
 
 
 def _indices(out: str, layers: int, first: int) -> list[str]:
@@ -236,9 +228,9 @@ def _indices(out: str, layers: int, first: int) -> list[str]:
     ]
 
 
-def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dt: str) -> list[str]:
+def _scatter(out: str, updates: str, ut: str, idx: str, into: str, ct: str, dt: str, unique: bool) -> list[str]:
     return [
-        f"  {out} = iree_linalg_ext.scatter dimension_map = [0, 1, 2] unique_indices(false)",
+        f"  {out} = iree_linalg_ext.scatter dimension_map = [0, 1, 2] unique_indices({str(unique).lower()})",
         f"      ins({updates}, {idx} : {ut}, tensor<?x3xi32>) outs({into} : {ct}) {{",
         f"    ^bb0(%u: {dt}, %o: {dt}):",
         f"      iree_linalg_ext.yield %u : {dt}",

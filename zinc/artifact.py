@@ -43,22 +43,17 @@ from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
 
 # 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows;
-# 4: `files`, every file's size and sha256 (none for a parameter archive)
-FORMAT_VERSION = 4
+# 4: `files`, every file's size and sha256 (none for a parameter archive); 5: Vulkan's kv_write
+# takes any number of rows, so a Vulkan prefill call takes PREFILL_ROWS tokens as the CPU's
+FORMAT_VERSION = 5
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
 PREFILL_ROWS = 128  # prompt tokens per prefill call
-# Elements one SPIR-V scatter dispatch writes correctly (IREE 3.13 leaves those past about 65,000
-# unwritten, checked on lavapipe): a Vulkan prefill call's K/V rows of one layer must fit.
-VULKAN_SCATTER_LIMIT = 65535
 
 
 def prefill_rows(target: str, hp: HParams) -> int:
-    """Prompt tokens per prefill call: PREFILL_ROWS, or on Vulkan as many as one layer's K/V
-    scatter (`kv_write`) holds: 127 for Gemma 3 270M, 63 for Llama 3.2 1B, 31 for an 8B."""
-    if target != "vulkan":
-        return PREFILL_ROWS
-    return max(1, min(PREFILL_ROWS, VULKAN_SCATTER_LIMIT // (2 * hp.head_count_kv * hp.key_length)))
+    """Prompt tokens per prefill call of a model on `target`: PREFILL_ROWS on every target."""
+    return PREFILL_ROWS
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,16 @@
 """Tier 2: the paged KV-cache ops (compiler/paged.py) on a slab with SmolLM2's geometry.
 
 `kv_write` scatters rows into their slots in place and the prefill's gather reads them back by
-slot (batched decode reads the slab inside its attention: tests/model/test_paged_batch.py). The slab is big enough that a single Vulkan scatter
-dispatch would leave elements unwritten (IREE 3.13 writes only about 65,000 per dispatch), which
-is why Vulkan artifacts scatter per layer; this test fails if that split is lost.
+slot (batched decode reads the slab inside its attention: tests/model/test_paged_batch.py). One
+call of 300 or 400 rows writes far more than a Vulkan scatter running as one invocation writes on
+lavapipe (62,597 elements of this width: its loops stop after 65,535 iterations in all), which is why
+Vulkan's scatter is declared to have unique indices, spread over workgroups; the many-rows test
+fails if that is lost.
 """
 
 from __future__ import annotations
 
+import functools
 from types import SimpleNamespace
 
 import numpy as np
@@ -24,7 +27,7 @@ from zinc.runtime.session import layer_major
 L, HKV, HD = 30, 3, 64  # SmolLM2-135M: a slot is 11,520 floats
 
 
-def paged_module(per_layer: bool, tiled: bool) -> str:
+def paged_module(parallel: bool, tiled: bool) -> str:
     hp = SimpleNamespace(block_count=L, head_count_kv=HKV, key_length=HD)
     mod = ModuleEmitter(tiled=tiled)  # the slab is f16 on the CPU (tiled), f32 on Vulkan
     ct = paged.slab_type(hp, mod.kv_dtype)  # type: ignore[arg-type]
@@ -38,21 +41,27 @@ def paged_module(per_layer: bool, tiled: bool) -> str:
         "}",
     ]
     mod.entries.append("\n".join(lines))
-    mod.entries.append(paged.kv_write(hp, per_layer=per_layer, dt=mod.kv_dtype))  # type: ignore[arg-type]
+    mod.entries.append(paged.kv_write(hp, parallel=parallel, dt=mod.kv_dtype))  # type: ignore[arg-type]
     return mod.text("paged")
+
+
+@functools.cache
+def compiled(device: str) -> tuple[LoadedModule, bool]:
+    """The paged module of `device`, compiled once a run, and whether it is the Vulkan one."""
+    spec = DEVICES[device]()
+    vulkan = spec.target == "vulkan"
+    return LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri), vulkan
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
 def test_kv_write_and_gathers_by_slot(device: str) -> None:
-    spec = DEVICES[device]()
-    vulkan = spec.target == "vulkan"
-    mod = LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri)
+    mod, vulkan = compiled(device)
     rng = np.random.default_rng(5)
     slots = 400
     dt, np_dt = ("f32", np.float32) if vulkan else ("f16", np.float16)
     cache = mod.empty((slots, L, 2, HKV, HD), dt)
     expect = rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt)
-    for at in range(0, slots, 8):  # eight rows per write, as a Vulkan prefill chunk: 92,160 floats
+    for at in range(0, slots, 8):  # eight rows per write: 92,160 floats
         mod.fn("kv_write")(
             cache, mod.to_device(layer_major(expect[at : at + 8])), mod.to_device(np.arange(at, at + 8, dtype=np.int32))
         )
@@ -64,3 +73,27 @@ def test_kv_write_and_gathers_by_slot(device: str) -> None:
     ctx = rng.permutation(slots).astype(np.int32)
     one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)
     assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))  # widened to f32 exactly
+
+
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+def test_kv_write_of_many_rows_in_one_call(device: str) -> None:
+    """One call writes every slot (400 rows: 4.6 million floats, 153,600 of each layer), a second
+    300 rows at scattered slots and 20 padding rows, all at scratch slot 0: on lavapipe a scatter
+    that one invocation runs stops after 62,597 (it failed so when Vulkan's kv_write was
+    one such scatter per layer). Scratch slot 0 ends with any padding row's values, element by
+    element (on Vulkan the padding rows' writes race there)."""
+    mod, vulkan = compiled(device)
+    rng = np.random.default_rng(7)
+    slots = 400
+    dt, np_dt = ("f32", np.float32) if vulkan else ("f16", np.float16)
+    cache = mod.empty((slots, L, 2, HKV, HD), dt)
+    expect = rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt)
+    mod.fn("kv_write")(cache, mod.to_device(layer_major(expect)), mod.to_device(np.arange(slots, dtype=np.int32)))
+    assert np.array_equal(to_host(cache, mod.device), expect)
+    where = np.concatenate([rng.permutation(np.arange(1, slots))[:300], np.zeros(20, int)]).astype(np.int32)
+    rows = rng.standard_normal((where.size, L, 2, HKV, HD)).astype(np_dt)
+    mod.fn("kv_write")(cache, mod.to_device(layer_major(rows)), mod.to_device(where))
+    expect[where[:300]] = rows[:300]
+    got = to_host(cache, mod.device)
+    assert np.array_equal(got[1:], expect[1:])
+    assert (got[0] == rows[300:]).any(axis=0).all()
