@@ -2,9 +2,10 @@
 // ties; NaNs ignored; 0 for a row with nothing above -inf). x [T, V] -> [T] i32, T static 1 or
 // dynamic. The row is padded with -inf to NB blocks of B (B at most 1024) and reduced in two
 // levels, each a plain reduction (the largest value, then the smallest index holding it): on
-// Vulkan, IREE 3.13's code for one reduction over a whole 262,144-wide row read only its first
-// 65,535 elements (lavapipe, whose workgroup counts stop at 65,535), so Gemma 3's tokens past
-// them were never picked (tests/kernels/test_argmax.py). On named GPU targets the block and
+// Vulkan, IREE 3.13 compiles one reduction over a whole 262,144-wide row as a single invocation
+// looping over it (one workgroup of one thread), and lavapipe stops a shader's loops after 65,535
+// iterations, so Gemma 3's tokens past them were never picked (tests/kernels/test_argmax.py); on
+// a GPU that one thread would read the whole row alone. On named GPU targets the block and
 // element numbers come from i32 iota constants instead of linalg.index, as in the matmuls
 // (zinc.compiler.kernels.with_index_inputs says why).
 func.func private @${NAME}(%x: tensor<${T}x${V}xf32>) -> tensor<${T}xi32> {

@@ -3,7 +3,8 @@
 On the CPU a vocabulary that is a multiple of 16 takes the hand-written dispatch of
 mlir/argmax_cpu.mlir (16 lanes, then the lanes); other vocabularies, and Vulkan, take the linalg
 reductions of mlir/argmax.mlir (one row, or [T, V]). Over Gemma 3's 262,144
-tokens the single-reduction form read only the first 65,535 logits on Vulkan (lavapipe), so a
+tokens the single-reduction form read only the first 65,535 logits on Vulkan (IREE runs it as one
+invocation looping over the row, and lavapipe stops a shader's loops after 65,535 iterations), so a
 token past them was never picked (Gemma 3 left llama.cpp's greedy path where its best token
 was 236761): the large-vocabulary test fails on that form. Every form must give what a
 first-to-last scan with a strict `>` gives: the first index on exact ties, never a NaN, and 0 for
