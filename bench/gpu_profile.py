@@ -1,6 +1,6 @@
 """Per-dispatch times of one decode step of zinc's Vulkan artifact, from IREE's HAL profiling.
 
-Usage: python bench/gpu_profile.py --bundle DIR --out FILE [--position 256] [--top 25] [--timeout-s 90]
+Usage: python bench/gpu_profile.py --bundle DIR --out FILE [--position 256] [--top 25] [--budget-s 100]
 
 scripts/gpu-bench runs it after bench_gpu.py, on the GPU, for every model of the bundle: which of
 zinc's kernels take a decode step's time there is what the next round of GPU tuning needs, and
@@ -19,6 +19,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ def decode_inputs(hp: Json, position: int) -> list[str]:
     ]
 
 
-def profile(model: Json, args: argparse.Namespace) -> Json:
+def profile(model: Json, args: argparse.Namespace, timeout: float) -> Json:
     art = Path(model["artifact"])
     manifest = json.loads((art / "manifest.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
@@ -55,13 +56,13 @@ def profile(model: Json, args: argparse.Namespace) -> Json:
                *decode_inputs(manifest["hparams"], args.position), "--benchmark_min_time=5x",
                "--benchmark_format=json", "--device_profiling_mode=dispatch-events",
                f"--device_profiling_output={prof}"]  # fmt: skip
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout_s)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if done.returncode != 0:
             return {"error": (done.stderr or done.stdout)[-2000:]}
         bench = json.loads(done.stdout[done.stdout.index("{") :])
         step_ms = min(b["real_time"] for b in bench["benchmarks"] if b.get("run_type") != "aggregate")
         out = subprocess.run([tool("iree-profile"), "dispatch", "--format=jsonl", str(prof)],
-                             capture_output=True, text=True, timeout=args.timeout_s, check=True)  # fmt: skip
+                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
     rows = [r for r in map(json.loads, out.stdout.splitlines()) if "total_ns" in r]
     total = sum(r["total_ns"] for r in rows) or 1
     rows.sort(key=lambda r: -r["total_ns"])
@@ -80,12 +81,18 @@ def main() -> int:
     ap.add_argument("--device", default="vulkan")
     ap.add_argument("--position", type=int, default=256, help="cached positions the step attends to")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--timeout-s", type=float, default=90.0, help="per model")
+    ap.add_argument("--budget-s", type=float, default=100.0, help="seconds for all the models together")
     args = ap.parse_args()
+    end = time.monotonic() + args.budget_s
     results: Json = {}
-    for model in json.loads((Path(args.bundle) / "models.json").read_text()):
+    models = json.loads((Path(args.bundle) / "models.json").read_text())
+    for i, model in enumerate(models):
+        share = (end - time.monotonic()) / (len(models) - i)  # an equal share of what is left
+        if share < 10:
+            results[model["key"]] = {"error": "out of time"}
+            continue
         try:
-            results[model["key"]] = profile(model, args)
+            results[model["key"]] = profile(model, args, share)
         except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
             results[model["key"]] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
