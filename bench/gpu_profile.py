@@ -88,11 +88,8 @@ def main() -> int:
     models = json.loads((Path(args.bundle) / "models.json").read_text())
     for i, model in enumerate(models):
         share = (end - time.monotonic()) / (len(models) - i)  # an equal share of what is left
-        if share < 10:
-            results[model["key"]] = {"error": "out of time"}
-            continue
         try:
-            results[model["key"]] = profile(model, args, share)
+            results[model["key"]] = profile(model, args, share) if share >= 10 else {"error": "out of time"}
         except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
             results[model["key"]] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
