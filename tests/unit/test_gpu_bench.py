@@ -4,6 +4,7 @@ decompressed, llama-server extracted) and the report of a run (bench/bench_gpu.p
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import lzma
@@ -125,3 +126,24 @@ def test_profile_lines_name_the_top_kernels_or_why_there_are_none() -> None:
     )
     assert "`7_reduction_4096x128` 25%" in text
     assert "- llama-3.2-1b Q4_0: not profiled (VK_ERROR_DEVICE_LOST)" in text
+
+
+def test_a_server_out_of_time_keeps_the_runs_it_finished(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that outlives the server's share (loopback raises) ends its turn as a skipped step
+    with the runs measured before it, and no streams are started."""
+    calls = []
+
+    def fake_one(port: int, prompt: object, n: int, extra: object, budget: object) -> object:
+        calls.append(n)
+        if len(calls) == 6:  # the warm-ups and run 1 (3 requests) done, run 2 times out
+            raise RuntimeError("a request did not finish in time")
+        return argparse.Namespace(ttft=0.25, rate=50.0, tokens=n)
+
+    monkeypatch.setattr(bench_gpu, "one", fake_one)
+    monkeypatch.setattr(bench_gpu, "measure_streams", lambda *a: pytest.fail("streams after a skipped step"))
+    server = argparse.Namespace(port=1, name="zinc 8b")
+    args = argparse.Namespace(runs=3, prompt=512, tokens=128, streams=8, stream_tokens=64)
+    row: dict[str, object] = {}
+    bench_gpu.measure_server(server, args, {}, bench_gpu.Budget(600), row, lambda: None)  # type: ignore[arg-type]
+    assert row["decode_tok_s"] == 50.0 and row["prefill_tok_s"] == 512 / 0.25 and row["ttft_ms"] == 250.0
+    assert row["skipped"] == "a request did not finish in time, after 1 of 3 runs (its share of the budget)"
