@@ -211,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
         if not turn.fits(args.min_server_s):
             row["skipped"] = f"out of time ({budget.left():.0f} s left for {len(turns) - i} servers)"
             say(f"{model['key']} {who}: skipped, {budget.left():.0f} s left")
+            save()
             continue
         argv, extra = (zinc_argv, {}) if who == "zinc" else (llama_argv, {"ignore_eos": True})
         port = free_port()
