@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -53,17 +54,26 @@ def compiled(device: str) -> tuple[LoadedModule, bool]:
     return LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri), vulkan
 
 
+def filled_slab(
+    mod: LoadedModule, vulkan: bool, rng: np.random.Generator, slots: int
+) -> tuple[Any, np.ndarray[Any, Any], type]:
+    """An empty slab of `slots` slots in the device's KV type (f32 on Vulkan, f16 on the CPU), random
+    rows for every slot, and their numpy type."""
+    np_dt = np.float32 if vulkan else np.float16
+    cache = mod.empty((slots, L, 2, HKV, HD), "f32" if vulkan else "f16")
+    return cache, rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt), np_dt
+
+
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
 def test_kv_write_and_gathers_by_slot(device: str) -> None:
     mod, vulkan = compiled(device)
-    rng = np.random.default_rng(5)
-    slots = 400
-    dt, np_dt = ("f32", np.float32) if vulkan else ("f16", np.float16)
-    cache = mod.empty((slots, L, 2, HKV, HD), dt)
-    expect = rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt)
+    rng, slots = np.random.default_rng(5), 400
+    cache, expect, np_dt = filled_slab(mod, vulkan, rng, slots)
     for at in range(0, slots, 8):  # eight rows per write: 92,160 floats
         mod.fn("kv_write")(
-            cache, mod.to_device(layer_major(expect[at : at + 8])), mod.to_device(np.arange(at, at + 8, dtype=np.int32))
+            cache,
+            mod.to_device(layer_major(expect[at : at + 8])),
+            mod.to_device(np.arange(at, at + 8, dtype=np.int32)),
         )
     rows = rng.standard_normal((3, L, 2, HKV, HD)).astype(np_dt)
     where = np.array([17, 3, 390], np.int32)
@@ -83,12 +93,11 @@ def test_kv_write_of_many_rows_in_one_call(device: str) -> None:
     one such scatter per layer). Scratch slot 0 ends with any padding row's values, element by
     element (on Vulkan the padding rows' writes race there)."""
     mod, vulkan = compiled(device)
-    rng = np.random.default_rng(7)
-    slots = 400
-    dt, np_dt = ("f32", np.float32) if vulkan else ("f16", np.float16)
-    cache = mod.empty((slots, L, 2, HKV, HD), dt)
-    expect = rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt)
-    mod.fn("kv_write")(cache, mod.to_device(layer_major(expect)), mod.to_device(np.arange(slots, dtype=np.int32)))
+    rng, slots = np.random.default_rng(7), 400
+    cache, expect, np_dt = filled_slab(mod, vulkan, rng, slots)
+    mod.fn("kv_write")(
+        cache, mod.to_device(layer_major(expect)), mod.to_device(np.arange(slots, dtype=np.int32))
+    )
     assert np.array_equal(to_host(cache, mod.device), expect)
     where = np.concatenate([rng.permutation(np.arange(1, slots))[:300], np.zeros(20, int)]).astype(np.int32)
     rows = rng.standard_normal((where.size, L, 2, HKV, HD)).astype(np_dt)
