@@ -1,10 +1,12 @@
 """MLIR fragments that decode packed GGUF fields with integer ops only.
 
 Owns: the text snippets that kernels and gathers splice into `linalg.generic` bodies: f16 and bf16
-values assembled from i8 bytes (`f16_to_f32`, `f16_bits_to_f32`, `bf16_to_f32`) and the 6-bit
+values assembled from i8 bytes (`f16_to_f32`, `f16_bits_to_f32`, `bf16_to_f32`), f32 rounded to
+f16 bits (`f32_to_f16_bits`: the Vulkan KV slab's f16 values, two to an i32 word) and the 6-bit
 sub-block scale/min unpacking of the K-quants (`kquant_scale`). Everything is built from i8 bytes
-with extui/shli/ori/andi, never from an f16 or i16 bitcast: IREE's default Vulkan target emulates
-f16 and misreads i16 tensor elements, so these integer forms are the ones correct everywhere.
+or i32 words with extui/shli/ori/andi, never from an f16 or i16 bitcast: IREE's default Vulkan
+target emulates f16 and misreads i16 tensor elements, so these integer forms are the ones correct
+everywhere.
 Imports: nothing from zinc (a leaf).
 """
 
@@ -31,22 +33,33 @@ def f16_to_f32(lo: str, hi: str, out: str, indent: str = INDENT) -> str:
     return indented(lines, indent) + "\n" + f16_bits_to_f32(f"%{p}_b", out, indent)
 
 
-def f16_bits_to_f32(bits: str, out: str, indent: str = INDENT) -> str:
-    """MLIR lines decoding f16 bits held in the low 16 bits of i32 `bits` into f32 `out`.
+def f16_bits_to_f32(bits: str, out: str, indent: str = INDENT, specials: bool = False) -> str:
+    """MLIR lines decoding f16 bits held in the low 16 bits of i32 `bits` into f32 `out` (the
+    bits above them must be 0).
 
     Normal halves: as_f32(((bits & 0x7fff) << 13) + (112 << 23)) rebiases the exponent; subnormal
     halves (exponent 0, common for Q6_K/Q4_K super-block scales): uitofp(bits & 0x3ff) * 2^-24.
     Never goes through an f32 denormal, which llvm-cpu and Vulkan flush to zero. Exact for every
-    finite half; inf/nan are not expected in scales.
+    finite half; inf/nan are not expected in scales. With `specials` (the KV slab's values, which
+    `f32_to_f16_bits` rounds to inf past f16's range) inf and nan too: exponent 31 is rebiased
+    by twice as much, to f32's 255.
     """
     p = out.lstrip("%")
+    special = [
+        f"%{p}_xm = arith.constant 31744 : i32",
+        f"%{p}_xe = arith.andi {bits}, %{p}_xm : i32",
+        f"%{p}_xs = arith.cmpi eq, %{p}_xe, %{p}_xm : i32",
+        f"%{p}_xb = arith.addi %{p}_nb0, %{p}_bias : i32",
+        f"%{p}_nb = arith.select %{p}_xs, %{p}_xb, %{p}_nb0 : i32",
+    ]
     lines = [
         f"%{p}_m7 = arith.constant 32767 : i32",
         f"%{p}_em = arith.andi {bits}, %{p}_m7 : i32",
         f"%{p}_c13 = arith.constant 13 : i32",
         f"%{p}_e2 = arith.shli %{p}_em, %{p}_c13 : i32",
         f"%{p}_bias = arith.constant 939524096 : i32",
-        f"%{p}_nb = arith.addi %{p}_e2, %{p}_bias : i32",
+        f"%{p}_nb{'0' if specials else ''} = arith.addi %{p}_e2, %{p}_bias : i32",
+        *(special if specials else []),
         f"%{p}_nf = arith.bitcast %{p}_nb : i32 to f32",
         f"%{p}_m10 = arith.constant 1023 : i32",
         f"%{p}_man = arith.andi {bits}, %{p}_m10 : i32",
@@ -65,6 +78,60 @@ def f16_bits_to_f32(bits: str, out: str, indent: str = INDENT) -> str:
         f"%{p}_s2 = arith.shli %{p}_sg, %{p}_c16 : i32",
         f"%{p}_or = arith.ori %{p}_mi, %{p}_s2 : i32",
         f"{out} = arith.bitcast %{p}_or : i32 to f32",
+    ]
+    return indented(lines, indent)
+
+
+def f32_to_f16_bits(x: str, out: str, indent: str = INDENT) -> str:
+    """MLIR lines rounding f32 `x` to f16 as numpy's `astype(np.float16)` does (to nearest, ties
+    to even; past f16's range to inf; nan stays nan) into the half's bits, the low 16 of i32 `out`
+    (the high 16 are 0). Integer ops on x's bits, and one f32 add:
+
+    - normal halves (|x| >= 2^-14): rebias the exponent and round away 13 mantissa bits,
+      (a - (112 << 23) + 0xfff + ((a >> 13) & 1)) >> 13 with a = |x|'s bits: a carry out of the
+      mantissa moves up the exponent, up to 0x7c00 (inf), where the result is clamped;
+    - subnormal halves: |x| + 0.5 is rounded to a multiple of 2^-24 (0.5's ulp, the subnormal
+      halves' step) by the float add, correctly rounded to nearest even on the CPU and in
+      Vulkan, so its bits less 0.5's are the half's mantissa (0x400 when it rounds up to the
+      smallest normal half, which is that half's bits). |x| is raised to 2^-25 first, which rounds
+      to 0 (a tie, to even): every |x| at most that gives 0, and no f32 denormal is ever an operand;
+    - the sign bit ORed in: -0.0, and negative values too small for a half, give 0x8000.
+    """
+    p = out.lstrip("%")
+    lines = [
+        f"%{p}_b = arith.bitcast {x} : f32 to i32",
+        f"%{p}_m31 = arith.constant 2147483647 : i32",
+        f"%{p}_a = arith.andi %{p}_b, %{p}_m31 : i32",
+        f"%{p}_c16 = arith.constant 16 : i32",
+        f"%{p}_bs = arith.shrui %{p}_b, %{p}_c16 : i32",
+        f"%{p}_ms = arith.constant 32768 : i32",
+        f"%{p}_sg = arith.andi %{p}_bs, %{p}_ms : i32",
+        f"%{p}_c13 = arith.constant 13 : i32",
+        f"%{p}_a13 = arith.shrui %{p}_a, %{p}_c13 : i32",
+        f"%{p}_c1 = arith.constant 1 : i32",
+        f"%{p}_odd = arith.andi %{p}_a13, %{p}_c1 : i32",
+        f"%{p}_rb = arith.constant -939520001 : i32",  # 0xfff - (112 << 23)
+        f"%{p}_n1 = arith.addi %{p}_a, %{p}_rb : i32",
+        f"%{p}_n2 = arith.addi %{p}_n1, %{p}_odd : i32",
+        f"%{p}_n3 = arith.shrui %{p}_n2, %{p}_c13 : i32",
+        f"%{p}_inf = arith.constant 31744 : i32",
+        f"%{p}_nm = arith.minui %{p}_n3, %{p}_inf : i32",
+        f"%{p}_tiny = arith.constant 855638016 : i32",  # 2^-25
+        f"%{p}_at = arith.maxui %{p}_a, %{p}_tiny : i32",
+        f"%{p}_af = arith.bitcast %{p}_at : i32 to f32",
+        f"%{p}_half = arith.constant 0.5 : f32",
+        f"%{p}_sf = arith.addf %{p}_af, %{p}_half : f32",
+        f"%{p}_sb = arith.bitcast %{p}_sf : f32 to i32",
+        f"%{p}_hb = arith.constant 1056964608 : i32",  # 0.5's bits
+        f"%{p}_sm = arith.subi %{p}_sb, %{p}_hb : i32",
+        f"%{p}_min = arith.constant 947912704 : i32",  # 2^-14, the smallest normal half
+        f"%{p}_isn = arith.cmpi uge, %{p}_a, %{p}_min : i32",
+        f"%{p}_mag = arith.select %{p}_isn, %{p}_nm, %{p}_sm : i32",
+        f"%{p}_finf = arith.constant 2139095040 : i32",  # f32 inf's bits
+        f"%{p}_nan = arith.cmpi ugt, %{p}_a, %{p}_finf : i32",
+        f"%{p}_qnan = arith.constant 32256 : i32",
+        f"%{p}_mg = arith.select %{p}_nan, %{p}_qnan, %{p}_mag : i32",
+        f"{out} = arith.ori %{p}_mg, %{p}_sg : i32",
     ]
     return indented(lines, indent)
 
