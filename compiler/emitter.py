@@ -83,7 +83,8 @@ class ModuleEmitter:
         # the linalg matmuls read their loop indices from iota inputs (Vulkan GPU targets with
         # subgroups: zinc.compiler.kernels.with_index_inputs)
         self.index_inputs = index_inputs
-        self.kv_dtype = "f16" if tiled else "f32"  # the KV slab's element type (compiler/paged.py)
+        # the KV slab's type (compiler/paged.py): f16 on the CPU, on Vulkan f16 two to an i32 word
+        self.kv_dtype = "f16" if tiled else "f16x2"
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
         self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]] = {}
         self.globals: dict[str, str] = {}  # symbol -> declaration

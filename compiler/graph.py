@@ -50,10 +50,10 @@ kv_write with the step's new K/V rows. On the CPU a decode step's layer l gate/u
 its q/k/v matmul) also prefetches layer l + 1's (0's) cached K/V rows (zinc.compiler.kv_prefetch).
 K rows are stored after QK-norm and RoPE. The rows a step returns are layer-major, so each
 layer's K and V rows are written in place as whole blocks (zinc.compiler.paged `rows_type`). The
-slab and the rows are f16 on the CPU and f32 on Vulkan (the manifest's `kv_cache.dtype`,
-ModuleEmitter.kv_dtype). Each residual add that a norm follows is handed to that norm
-(`Body.add_rmsnorm`: one dispatch on the CPU): the attention's to ffn_norm, and a layer's FFN
-output to the next layer's attn_norm.
+slab and the rows hold f16 values: f16 on the CPU, two to an i32 word on Vulkan ("f16x2": the
+manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype; zinc.compiler.paged). Each residual add
+that a norm follows is handed to that norm (`Body.add_rmsnorm`: one dispatch on the CPU): the
+attention's to ffn_norm, and a layer's FFN output to the next layer's attn_norm.
 Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels,
 zinc.compiler.kv_prefetch, zinc.model.hparams.
 """
@@ -318,8 +318,8 @@ class _Entry:
             nxt = b.fresh("kv_new")
             b.emit(
                 f"{nxt} = tensor.insert_slice {stored} into {new_rows}[{il}, {part}, 0, 0, 0] "
-                f"[1, 1, {tv}, {nkv}, {hd}] [1, 1, 1, 1, 1] : tensor<{t}x{nkv}x{hd}x{self.mod.kv_dtype}> "
-                f"into {self.rows_type}"
+                f"[1, 1, {tv}, {nkv}, {paged.row_width(hd, self.mod.kv_dtype)}] [1, 1, 1, 1, 1] : "
+                f"{paged.rows_of(t, nkv, hd, self.mod.kv_dtype)} into {self.rows_type}"
             )
             new_rows = nxt
             new_kv.append(read)

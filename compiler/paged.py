@@ -5,25 +5,43 @@ mlir/attention_batch.mlir) and the slot-indexed cache writer.
 Owns: the ops over the slot-major slab `[NS, L, 2, Hkv, hd]` (a slot holds one position's K and V
 for every layer; which slots a sequence owns is the runtime's page table, the kernels only see
 slot indices), and `kv_write`, the entry point that scatters a step's new rows into their slots.
-The slab holds f16 on the CPU (half the bytes for attention to read, as llama.cpp's default
-cache) and f32 on Vulkan (f16 there needs 16-bit storage buffers, not tried); the math is f32,
-and a step's own new rows are rounded to the slab's type before its attention reads them, so a
-position's K/V is the same number in the step that computes it and in every later one.
-Imports: zinc.compiler.attention_cpu, zinc.compiler.emitter, zinc.compiler.kernels, zinc.model.hparams.
+The slab holds f16 values on every target (half the bytes for attention to read, as llama.cpp's
+default cache): as f16 on the CPU, and on Vulkan as "f16x2", two halves to an i32 word
+(`[NS, L, 2, Hkv, hd / 2] i32`, zinc.artifact.kv_storage), rounded and unpacked with integer ops
+(zinc.compiler.bitops), because IREE 3.13's generic Vulkan target computes wrong values with f16
+tensors (an f16 scatter wrote zeros). The math is f32, and a step's own new rows are rounded to
+f16 before its attention reads them, so a position's K/V is the same number in the step that
+computes it and in every later one.
+Imports: zinc.artifact, zinc.compiler.attention_cpu, zinc.compiler.bitops, zinc.compiler.emitter,
+zinc.compiler.kernels, zinc.model.hparams.
 """
 
 from __future__ import annotations
 
 import re
 
+from zinc.artifact import kv_storage
 from zinc.compiler.attention_cpu import render_decode_attention
+from zinc.compiler.bitops import f16_bits_to_f32, f32_to_f16_bits
 from zinc.compiler.emitter import NO_WINDOW, Body, _sym, f32_const
 from zinc.compiler.kernels import sub_once, t_dims, template
 from zinc.model.hparams import HParams
 
 
+def row_width(hd: int, dt: str) -> int:
+    """The last dimension of a K or V row of `hd` values in the slab of `dt` (f16x2: hd / 2 words)."""
+    return kv_storage(dt, hd)[1]
+
+
+def rows_of(t: str, nkv: int, hd: int, dt: str) -> str:
+    """The type of K or V rows [t, nkv, hd] as the slab of `dt` stores them (f16x2: [t, nkv, hd / 2] i32)."""
+    st, width = kv_storage(dt, hd)
+    return f"tensor<{t}x{nkv}x{width}x{st}>"
+
+
 def slab_type(hp: HParams, dt: str = "f32") -> str:
-    return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{hp.key_length}x{dt}>"
+    st, width = kv_storage(dt, hp.key_length)
+    return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{width}x{st}>"
 
 
 def rows_type(hp: HParams, t: str, dt: str = "f32") -> str:
@@ -31,16 +49,20 @@ def rows_type(hp: HParams, t: str, dt: str = "f32") -> str:
     T tokens are one contiguous block, so the step writes them where they are computed. Token-major
     ([T, L, 2, ...], the slab's order) made every layer's K and V of a decode batch or a prompt
     chunk a strided block, which IREE copies in by a one-workgroup `slow_memcpy` dispatch: two per
-    layer, 60 a step for SmolLM2."""
-    return f"tensor<{hp.block_count}x2x{t}x{hp.head_count_kv}x{hp.key_length}x{dt}>"
+    layer, 60 a step for SmolLM2. In the slab's storage (f16x2: hd / 2 i32 words)."""
+    st, width = kv_storage(dt, hp.key_length)
+    return f"tensor<{hp.block_count}x2x{t}x{hp.head_count_kv}x{width}x{st}>"
 
 
 def to_slab(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]:
-    """New K or V rows [t, nkv, hd] in f32 -> (the rows in the slab's type, the same rows back in
-    f32: what every later step will read). Both are `value` itself when the slab is f32."""
+    """New K or V rows [t, nkv, hd] in f32 -> (the rows as the slab stores them, `rows_of`; the
+    same rows back in f32: what every later step will read). Both are `value` itself when the
+    slab is f32."""
     dt = b.mod.kv_dtype
     if dt == "f32":
         return value, value
+    if dt == "f16x2":
+        return _to_f16x2(b, value, t, nkv, hd)
     f32, low = f"tensor<{t}x{nkv}x{hd}xf32>", f"tensor<{t}x{nkv}x{hd}x{dt}>"
     dyn = "%T" if t == "?" else ""
     e16, e32, out = b.fresh("e_low"), b.fresh("e_f32"), b.fresh("kv_low")
@@ -60,20 +82,92 @@ def to_slab(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]:
     return f"{out}#0", f"{out}#1"
 
 
+def _to_f16x2(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]:
+    """`to_slab` for the f16x2 slab: the packed words [t, nkv, hd / 2] (values 2w and 2w + 1 read
+    through an expand_shape to [t, nkv, hd / 2, 2]: word w = bits(2w) | bits(2w + 1) << 16) and,
+    by a second elementwise op over the f32 rows, each value rounded to f16 and widened back."""
+    f32, packed = f"tensor<{t}x{nkv}x{hd}xf32>", rows_of(t, nkv, hd, "f16x2")
+    pairs = f"tensor<{t}x{nkv}x{hd // 2}x2xf32>"
+    dyn = "%T" if t == "?" else ""
+    x2, ep, words = b.fresh("kv_pairs"), b.fresh("e_words"), b.fresh("kv_words")
+    b.emit(
+        f"{x2} = tensor.expand_shape {value} [[0], [1], [2, 3]] output_shape [{dyn or t}, {nkv}, {hd // 2}, 2] "
+        f": {f32} into {pairs}"
+    )
+    b.emit(f"{ep} = tensor.empty({dyn}) : {packed}")
+    lo, hi = "affine_map<(t, h, w) -> (t, h, w, 0)>", "affine_map<(t, h, w) -> (t, h, w, 1)>"
+    b.emit(
+        f"{words} = linalg.generic {{indexing_maps = [{lo}, {hi}, affine_map<(t, h, w) -> (t, h, w)>], "
+        f'iterator_types = ["parallel", "parallel", "parallel"]}} ins({x2}, {x2} : {pairs}, {pairs}) '
+        f"outs({ep} : {packed}) {{"
+    )
+    b.emit("  ^bb0(%lo: f32, %hi: f32, %o: i32):")
+    b.lines.append(f32_to_f16_bits("%lo", "%hl", "      "))
+    b.lines.append(f32_to_f16_bits("%hi", "%hh", "      "))
+    b.emit("    %c16 = arith.constant 16 : i32")
+    b.emit("    %hs = arith.shli %hh, %c16 : i32")
+    b.emit("    %w = arith.ori %hl, %hs : i32")
+    b.emit("    linalg.yield %w : i32")
+    b.emit(f"}} -> {packed}")
+    e32, back = b.fresh("e_f32"), b.fresh("kv_back")
+    ident = "affine_map<(t, h, d) -> (t, h, d)>"
+    b.emit(f"{e32} = tensor.empty({dyn}) : {f32}")
+    b.emit(
+        f"{back} = linalg.generic {{indexing_maps = [{ident}, {ident}], "
+        f'iterator_types = ["parallel", "parallel", "parallel"]}} ins({value} : {f32}) outs({e32} : {f32}) {{'
+    )
+    b.emit("  ^bb0(%x: f32, %o: f32):")
+    b.lines.append(f32_to_f16_bits("%x", "%hx", "      "))
+    b.lines.append(f16_bits_to_f32("%hx", "%w", "      ", specials=True))
+    b.emit("    linalg.yield %w : f32")
+    b.emit(f"}} -> {f32}")
+    return words, back
+
+
+def slab_read(dt: str, slab: str, index: list[str], raw: str, out: str) -> tuple[list[str], str]:
+    """MLIR lines (unindented) loading element `index` (slot, layer, part, head, d: index values)
+    of the slab `%cache` of type `slab` and KV type `dt`, and the name of the value in f32:
+    `raw` the loaded element, `out` the f32 value where it is not `raw` (f16, f16x2). f16x2:
+    word d // 2, shifted right by 16 (d % 2), its low 16 bits decoded (bitops.f16_bits_to_f32)."""
+    *lead, d = index
+    if dt == "f32":
+        return [f"{raw} = tensor.extract %cache[{', '.join(index)}] : {slab}"], raw
+    if dt == "f16":
+        return [f"{raw} = tensor.extract %cache[{', '.join(index)}] : {slab}", f"{out} = arith.extf {raw} : f16 to f32"], out
+    if dt != "f16x2":
+        raise AssertionError(f"KV cache type {dt!r}")
+    p = out.lstrip("%") + "_pk"
+    lines = [
+        f"%{p}_c1 = arith.constant 1 : index",
+        f"%{p}_dw = arith.shrui {d}, %{p}_c1 : index",
+        f"{raw} = tensor.extract %cache[{', '.join(lead)}, %{p}_dw] : {slab}",
+        f"%{p}_di = arith.index_cast {d} : index to i32",
+        f"%{p}_one = arith.constant 1 : i32",
+        f"%{p}_odd = arith.andi %{p}_di, %{p}_one : i32",
+        f"%{p}_c4 = arith.constant 4 : i32",
+        f"%{p}_sh = arith.shli %{p}_odd, %{p}_c4 : i32",
+        f"%{p}_hs = arith.shrui {raw}, %{p}_sh : i32",
+        f"%{p}_m16 = arith.constant 65535 : i32",
+        f"%{p}_h = arith.andi %{p}_hs, %{p}_m16 : i32",
+    ]
+    return lines + f16_bits_to_f32(f"%{p}_h", out, "", specials=True).split("\n"), out
+
+
 def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
     """Layer `layer`'s K (`part` 0) or V (1) of one sequence at the slots `ctx` [S] -> [S, Hkv, hd], f32."""
     nl, nkv, hd, dt = hp.block_count, hp.head_count_kv, hp.key_length, b.mod.kv_dtype
     name = f"gather_kv_{nl}x{nkv}x{hd}{dt}"
-    out = "%f = arith.extf %v : f16 to f32\n      linalg.yield %f : f32" if dt == "f16" else "linalg.yield %v : f32"
+    slab = slab_type(hp, dt)
+    lines, v = slab_read(dt, slab, ["%si", "%layer", "%part", "%h", "%d"], "%v", "%f")
     b.mod.helper(name, template("gather_kv.mlir").substitute(
-        NAME=name, L=str(nl), HKV=str(nkv), HD=str(hd), DT=dt, YIELD=out
+        NAME=name, HKV=str(nkv), HD=str(hd), SLAB=slab, LOAD="\n      ".join([*lines, f"linalg.yield {v} : f32"])
     ))  # fmt: skip
     consts = []
     for value in (layer, part):
         c = b.fresh("c")
         b.emit(f"{c} = arith.constant {value} : index")
         consts.append((c, "index"))
-    args = [("%cache", slab_type(hp, dt)), (ctx, "tensor<?xi32>"), *consts]
+    args = [("%cache", slab), (ctx, "tensor<?xi32>"), *consts]
     return b.call(name, args, f"tensor<?x{nkv}x{hd}xf32>", "kv_old")
 
 
@@ -123,10 +217,15 @@ def attention_batch(
 
 def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: int) -> str:
     """The linalg form (mlir/attention_batch.mlir), for Vulkan."""
-    heads, heads_kv, head_dim = hp.head_count, hp.head_count_kv, hp.key_length
+    heads, heads_kv, head_dim, dt = hp.head_count, hp.head_count_kv, hp.key_length, b.mod.kv_dtype
+    slab = slab_type(hp, dt)
+    reads = {}  # each defines the f32 value %b
+    for key, part in (("READ_K", "%part_k"), ("READ_V", "%part_v")):
+        lines, _ = slab_read(dt, slab, ["%si", "%layer", part, "%gi", "%di"], "%b" if dt == "f32" else "%bw", "%b")
+        reads[key] = "\n      ".join(lines)
     subs = {
         "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
-        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win), "L": str(hp.block_count),
+        "HD": str(head_dim), "SCALE": f32_const(scale), "WINDOW": str(win), "SLAB": slab, **reads,
         "DYN_S": "%T, %S" if b.dynamic else "%S", **t_dims(b.dynamic),
     }  # fmt: skip
     text = template("attention_batch.mlir").substitute(subs)
@@ -183,18 +282,18 @@ def kv_write(hp: HParams, parallel: bool = False, dt: str = "f32") -> str:
     scratch slot 0, whose contents nothing reads: which of their writes lands there does not matter.
     Smaller scatters in a loop over chunks of rows (scf.for) are no way out: IREE gives each
     iteration a new copy of the whole slab, and the write-back to `cache` is lost.
-    `dt`: the slab's (and the rows') element type.
+    `dt`: the slab's (and the rows') KV type (f16x2: the pieces are [Hkv, hd / 2] i32 words).
     """
     nl, nkv, hd = hp.block_count, hp.head_count_kv, hp.key_length
     ct, rt = slab_type(hp, dt), rows_type(hp, "?", dt)
-    piece = f"tensor<?x{nkv}x{hd}x{dt}>"
+    piece = rows_of("?", nkv, hd, dt)
     return "\n".join([
         f"func.func @kv_write(%cache: {ct}, %rows: {rt}, %slots: tensor<?xi32>) -> ({ct} {{iree.abi.output = 0 : index}}) {{",
         "  %c0 = arith.constant 0 : index",
         "  %T = tensor.dim %slots, %c0 : tensor<?xi32>",
         *_indices("%idx", nl, 0),
         f"  %pieces = tensor.collapse_shape %rows [[0, 1, 2], [3], [4]] : {rt} into {piece}",
-        *_scatter("%r", "%pieces", piece, "%idx", "%cache", ct, dt, parallel),
+        *_scatter("%r", "%pieces", piece, "%idx", "%cache", ct, kv_storage(dt, hd)[0], parallel),
         f"  return %r : {ct}",
         "}",
     ])  # fmt: skip

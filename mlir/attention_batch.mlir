@@ -4,8 +4,10 @@
 // len[t] are padding), and its own new row kn[t]/vn[t]. Reading the slab inside the score and
 // value products saves a gathered copy per layer. Keys further back than WINDOW positions are
 // masked (sliding-window layers). Softmax in f32 with the max subtracted, accumulated over both
-// parts; SCALE multiplies the scores.
-func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %cache: tensor<?x${L}x2x${HKV}x${HD}xf32>, %ctx: tensor<${T}x?xi32>,
+// parts; SCALE multiplies the scores. SLAB: the slab's type; READ_K/READ_V load its value
+// (%si, %layer, part, %gi, %di) into f32 %b (zinc.compiler.paged.slab_read: f16x2 unpacks a half
+// of an i32 word).
+func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %cache: ${SLAB}, %ctx: tensor<${T}x?xi32>,
                            %layer: index, %kn: tensor<${T}x${HKV}x${HD}xf32>, %vn: tensor<${T}x${HKV}x${HD}xf32>,
                            %len: tensor<${T}xi32>) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
@@ -30,7 +32,7 @@ func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %cache: tensor<?x${L}x2x
       %gi = linalg.index 1 : index
       %di = linalg.index 4 : index
       %si = arith.index_cast %slot : i32 to index
-      %b = tensor.extract %cache[%si, %layer, %part_k, %gi, %di] : tensor<?x${L}x2x${HKV}x${HD}xf32>
+      ${READ_K}
       %m = arith.mulf %a, %b : f32
       %r = arith.addf %o, %m : f32
       linalg.yield %r : f32
@@ -104,7 +106,7 @@ func.func private @${NAME}(%q: tensor<${T}x${HHD}xf32>, %cache: tensor<?x${L}x2x
       %gi = linalg.index 1 : index
       %di = linalg.index 3 : index
       %si = arith.index_cast %slot : i32 to index
-      %b = tensor.extract %cache[%si, %layer, %part_v, %gi, %di] : tensor<?x${L}x2x${HKV}x${HD}xf32>
+      ${READ_V}
       %m = arith.mulf %a, %b : f32
       %r = arith.addf %acc, %m : f32
       linalg.yield %r : f32

@@ -10,8 +10,8 @@ allocator, plus the process itself: Python, the IREE runtime, the tokenizer); `a
 process, v2 `memory.max` or v1 `memory.limit_in_bytes`; `ZINC_MEMORY_LIMIT` overrides both); and
 `check_memory`, which raises `InsufficientMemoryError`, one line with both figures in GiB, when
 the need exceeds what is available. zinc.runtime.session puts the pieces together for a model.
-Imports: iree.runtime (an archive's index, mapped, never read whole), numpy, zinc.model, zinc.errors,
-the stdlib.
+Imports: iree.runtime (an archive's index, mapped, never read whole), zinc.artifact, zinc.model,
+zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import iree.runtime as rt
-import numpy as np
 
+from zinc.artifact import KV_DTYPES
 from zinc.errors import InsufficientMemoryError, ZincError
 from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
@@ -32,8 +32,9 @@ from zinc.model.hparams import HParams
 GIB = 1 << 30
 MIB = 1 << 20
 LIMIT_ENV = "ZINC_MEMORY_LIMIT"
-# The KV slab's element type per target, as the compiler picks it (the manifest says it once compiled).
-KV_DTYPE = {"cpu": "f16", "vulkan": "f32"}
+# The KV slab's type per target, as the compiler picks it (the manifest says it once compiled):
+# f16 values on both, on Vulkan two to an i32 word (zinc.artifact.kv_storage).
+KV_DTYPE = {"cpu": "f16", "vulkan": "f16x2"}
 # The process besides a model's weights, KV pages and step buffers: the interpreter, numpy, the IREE
 # runtime, the HTTP server and the tokenizer (`zinc serve` with SmolLM2 held 343 MiB after a
 # 1,459-token prompt, about 190 MiB of it besides its 0.12 GiB of weights and 34 MiB of KV pages).
@@ -102,9 +103,9 @@ def weights_bytes(gguf: GGUFModel, archives: Sequence[Path] = ()) -> int:
 
 
 def kv_slot_bytes(hp: HParams, dtype: str) -> int:
-    """One slot of the KV slab: a position's keys and values in every layer."""
-    itemsize = np.dtype(np.float16 if dtype == "f16" else np.float32).itemsize
-    return hp.block_count * 2 * hp.head_count_kv * hp.key_length * itemsize
+    """One slot of the KV slab of KV type `dtype` (zinc.artifact.KV_DTYPES; one it does not know
+    counts 4 bytes a value, and the session refuses it): a position's keys and values in every layer."""
+    return hp.block_count * 2 * hp.head_count_kv * hp.key_length * KV_DTYPES.get(dtype, 4)
 
 
 def working_bytes(hp: HParams, context: int, tokens: int, rows: int) -> int:

@@ -26,6 +26,7 @@ PARAMETER_SCOPE = "model"
 ELEMENT_TYPES: dict[str, tuple[np.dtype[Any], rt.HalElementType]] = {
     "f32": (np.dtype(np.float32), rt.HalElementType.FLOAT_32),
     "f16": (np.dtype(np.float16), rt.HalElementType.FLOAT_16),
+    "i32": (np.dtype(np.int32), rt.HalElementType.SINT_32),  # Vulkan's "f16x2" slab (zinc.artifact.kv_storage)
 }
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from zinc.artifact import Manifest, load_manifest
+from zinc.artifact import KV_DTYPES, Manifest, kv_storage, load_manifest
 from zinc.artifact import prefill_rows as tokens_per_call  # not ModelSession.prefill_rows
 from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidRequestError
 from zinc.model.gguf_file import GGUFModel, open_gguf
@@ -204,12 +204,15 @@ class ModelSession:
         self._kv_write = self.module.fn("kv_write")
         self._embed = self.module.fn("embed") if "embed" in entries else None
         self._embed_packed = {b: self.module.fn(f"embed_x{b}") for b in self.batch_sizes if f"embed_x{b}" in entries}
-        self.row_shape = (hp.block_count, 2, hp.head_count_kv, hp.key_length)
-        self.kv_dtype = self.manifest.kv_cache.dtype  # f16 on the CPU, f32 on Vulkan
-        if self.kv_dtype not in ELEMENT_TYPES:
+        # f16 on the CPU; "f16x2" on Vulkan: f16 values two to an i32 word, rows of key_length / 2 words
+        self.kv_dtype = self.manifest.kv_cache.dtype
+        self.kv_storage, width = kv_storage(self.kv_dtype, hp.key_length)
+        if self.kv_dtype not in KV_DTYPES or self.kv_storage not in ELEMENT_TYPES:
             raise ArtifactError(f"{artifact_dir}: KV cache type {self.kv_dtype!r} is not supported")
-        self.cache = self.module.empty((self.kv_slots, *self.row_shape), self.kv_dtype)  # only written slots are read
-        zero = layer_major(np.zeros((1, *self.row_shape), ELEMENT_TYPES[self.kv_dtype][0]))  # padding reads scratch slot 0: keep it finite
+        self.row_shape = (hp.block_count, 2, hp.head_count_kv, width)
+        self.cache = self.module.empty((self.kv_slots, *self.row_shape), self.kv_storage)  # only written slots are read
+        # padding reads scratch slot 0: keep it finite (all-zero words are two f16 zeros)
+        zero = layer_major(np.zeros((1, *self.row_shape), ELEMENT_TYPES[self.kv_storage][0]))
         self._kv_write(self.cache, self.module.to_device(zero), self.module.to_device(np.zeros(1, np.int32)))
 
     def warm_up(self) -> None:
@@ -278,7 +281,7 @@ class ModelSession:
         return [rows[offs[i] : offs[i + 1]] for i in range(n)]
 
     def kv_cache_bytes(self) -> int:
-        return self.kv_slots * int(np.prod(self.row_shape)) * ELEMENT_TYPES[self.kv_dtype][0].itemsize
+        return self.kv_slots * int(np.prod(self.row_shape)) * ELEMENT_TYPES[self.kv_storage][0].itemsize
 
     def _check(self, ids: Sequence[int], start: int) -> np.ndarray[Any, np.dtype[np.int32]]:
         arr = np.asarray(ids, dtype=np.int64)

@@ -3,7 +3,8 @@
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
 entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives
 of repacked weights, and the size (and, but for an archive, the sha256) of every file it vouches
-for), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not
+for), `kv_storage` (how the slab of each KV type is stored: compiler and runtime agree through
+it), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not
 understand, what is missing or partly written, and what does not match the GGUF it is used with,
 `artifact_lock`, and `prefill_rows` (tokens per prefill call on each target).
 
@@ -44,8 +45,9 @@ from zinc.model.hparams import HParams
 
 # 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows;
 # 4: `files`, every file's size and sha256 (none for a parameter archive); 5: Vulkan's kv_write
-# takes any number of rows, so a Vulkan prefill call takes PREFILL_ROWS tokens as the CPU's
-FORMAT_VERSION = 5
+# takes any number of rows, so a Vulkan prefill call takes PREFILL_ROWS tokens as the CPU's;
+# 6: Vulkan's KV slab holds f16 values two to an i32 word (kv_cache.dtype "f16x2")
+FORMAT_VERSION = 6
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
 PREFILL_ROWS = 128  # prompt tokens per prefill call
@@ -56,10 +58,23 @@ def prefill_rows(target: str, hp: HParams) -> int:
     return PREFILL_ROWS
 
 
+# The KV slab's types (the manifest's kv_cache.dtype), with the bytes each value takes.
+KV_DTYPES = {"f32": 4, "f16": 2, "f16x2": 2}
+
+
+def kv_storage(dtype: str, head_dim: int) -> tuple[str, int]:
+    """How a KV slab of `kv_cache.dtype` `dtype` is stored: (its element type, f32 f16 or i32, and
+    the last dimension of its rows). "f16x2" (Vulkan) holds f16 values two to an i32 word, [...,
+    head_dim / 2]: value d of a row in word d // 2, its low 16 bits for an even d, the high 16
+    for an odd one (numpy's f16 row viewed as int32, little-endian). IREE 3.13's generic Vulkan
+    target gets f16 tensors wrong, so the compiler packs and unpacks the halves with integer ops."""
+    return ("i32", head_dim // 2) if dtype == "f16x2" else (dtype, head_dim)
+
+
 @dataclass(frozen=True)
 class KVCacheGeometry:
     layout: str = "[slots, block_count, 2 (K|V), head_count_kv, key_length]"  # a slot: one position's K/V
-    dtype: str = "f32"  # "f16" on the CPU, "f32" on Vulkan
+    dtype: str = "f32"  # "f16" on the CPU, "f16x2" on Vulkan (f16 in i32 words: `kv_storage`)
     writer: str = "kv_write"  # the step functions return new rows [L, 2, T, Hkv, hd]; this entry point stores them
 
 

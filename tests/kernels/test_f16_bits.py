@@ -1,11 +1,12 @@
-"""Tier 2: f32 rounded to f16 with integer ops (compiler/bitops.py `f32_to_f16_bits`), on the CPU
-and on Vulkan, against numpy.
+"""Tier 2: f32 rounded to f16 with integer ops (compiler/bitops.py `f32_to_f16_bits`) and Vulkan's
+f16x2 KV rows (compiler/paged.py `to_slab`), on the CPU and on Vulkan, against numpy.
 
-For a KV slab of f16 values held in i32 words on Vulkan, because IREE 3.13's generic Vulkan target
+The Vulkan KV slab holds f16 values two to an i32 word, because IREE 3.13's generic Vulkan target
 computes f16 tensors wrong: the rounding must be numpy's `astype(np.float16)` bit for bit (the
 reference model rounds the cached K/V so), ties to even included, past f16's range to inf, into
 f16's subnormals, and to (signed) zero below them, and widening the bits again
-(`f16_bits_to_f32` with `specials`) must give the half's value, inf and nan included.
+(`f16_bits_to_f32` with `specials`) must give the half's value, inf and nan included. The packed
+rows must be numpy's f16 rows viewed as int32 (value d in word d // 2, the low half for even d).
 """
 
 from __future__ import annotations
@@ -16,17 +17,21 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEVICES, device_params
+from zinc.compiler import paged
 from zinc.compiler.bitops import f16_bits_to_f32, f32_to_f16_bits
-from zinc.compiler.emitter import ModuleEmitter
+from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
+NKV, HD = 3, 64
+
 
 def bits_module() -> str:
     """`bits(x [N] f32) -> [N] i32` (the half's bits) and `back(x) -> [N] f32` (rounded to f16 and
-    widened)."""
+    widened), and `rows(x [T, NKV, HD]) -> (packed words, rows read back)`, `to_slab` for f16x2."""
     mod = ModuleEmitter()
+    assert mod.kv_dtype == "f16x2"  # not tiled: Vulkan's slab
     vec, ivec = "tensor<?xf32>", "tensor<?xi32>"
     ident = "affine_map<(i) -> (i)>"
     funcs = []
@@ -48,6 +53,18 @@ def bits_module() -> str:
             f"  return %r : {ty}",
             "}",
         ]))  # fmt: skip
+    b = Body(mod, dynamic=True)
+    rows = f"tensor<?x{NKV}x{HD}xf32>"
+    b.emit("%c0 = arith.constant 0 : index")
+    b.emit(f"%T = tensor.dim %k, %c0 : {rows}")
+    words, back = paged.to_slab(b, "%k", "?", NKV, HD)
+    packed = paged.rows_of("?", NKV, HD, mod.kv_dtype)
+    funcs.append("\n".join([
+        f"func.func @rows(%k: {rows}) -> ({packed}, {rows}) {{",
+        *b.lines,
+        f"  return {words}, {back} : {packed}, {rows}",
+        "}",
+    ]))  # fmt: skip
     mod.entries.extend(funcs)
     return mod.text("f16_bits")
 
@@ -102,3 +119,17 @@ def test_f32_rounds_to_f16_bits_as_numpy(device: str) -> None:
     widened = expect.astype(np.float32)
     assert np.array_equal(back.view(np.uint32)[~nan], widened.view(np.uint32)[~nan])  # -0.0 and inf too
     assert np.isnan(back[nan]).all()
+
+
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+def test_kv_rows_pack_as_numpy_views_f16_rows(device: str) -> None:
+    mod = compiled(device)
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((5, NKV, HD)) * 2.0 ** rng.integers(-20, 12, (5, NKV, 1))).astype(np.float32)
+    x[1, 0, :4] = [70000.0, -0.0, 1e-9, 2.0**-24 * 1.5]
+    words, back = (to_host(a, mod.device) for a in mod.fn("rows")(mod.to_device(x)))
+    with np.errstate(over="ignore"):
+        halves = x.astype(np.float16)
+    assert words.dtype == np.int32 and words.shape == (5, NKV, HD // 2)
+    assert np.array_equal(words, halves.view(np.int32))
+    assert np.array_equal(back.view(np.uint32), halves.astype(np.float32).view(np.uint32))

@@ -18,7 +18,7 @@ import pytest
 from iree.compiler import compile_str
 
 from tests.conftest import DEVICES, device_params
-from tests.kernels.test_paged_kernels import HD, HKV, L, paged_module
+from tests.kernels.test_paged_kernels import L, filled_slab, paged_module, stored
 from zinc.compiler.targets import ASYNC, compile_mlir, target_flags
 from zinc.runtime.device import open_device, to_host
 from zinc.runtime.invoke import Timeline
@@ -29,14 +29,12 @@ SLOTS = 64
 
 
 def _fill(mod: LoadedModule, vulkan: bool) -> tuple[object, np.ndarray]:
-    """The slab after 8 submitted writes of 8 rows each (a prefill's chunks)."""
-    dt, np_dt = ("f32", np.float32) if vulkan else ("f16", np.float16)
-    cache = mod.empty((SLOTS, L, 2, HKV, HD), dt)
-    expect = np.random.default_rng(3).standard_normal((SLOTS, L, 2, HKV, HD)).astype(np_dt)
+    """The slab after 8 submitted writes of 8 rows each (a prefill's chunks), and its f16 rows."""
+    cache, expect = filled_slab(mod, vulkan, np.random.default_rng(3), SLOTS)
     write = mod.fn("kv_write")
     for at in range(0, SLOTS, 8):
         where = np.arange(at, at + 8, dtype=np.int32)
-        write.submit(cache, mod.to_device(layer_major(expect[at : at + 8])), mod.to_device(where))
+        write.submit(cache, mod.to_device(layer_major(stored(expect[at : at + 8], vulkan))), mod.to_device(where))
     return cache, expect
 
 

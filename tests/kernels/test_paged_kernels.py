@@ -30,7 +30,7 @@ L, HKV, HD = 30, 3, 64  # SmolLM2-135M: a slot is 11,520 floats
 
 def paged_module(parallel: bool, tiled: bool) -> str:
     hp = SimpleNamespace(block_count=L, head_count_kv=HKV, key_length=HD)
-    mod = ModuleEmitter(tiled=tiled)  # the slab is f16 on the CPU (tiled), f32 on Vulkan
+    mod = ModuleEmitter(tiled=tiled)  # the slab is f16 on the CPU (tiled), f16x2 on Vulkan
     ct = paged.slab_type(hp, mod.kv_dtype)  # type: ignore[arg-type]
     b = Body(mod, dynamic=True)
     out = paged.gather_kv(b, hp, "%ctx", L - 1, 1)  # type: ignore[arg-type]
@@ -54,35 +54,38 @@ def compiled(device: str) -> tuple[LoadedModule, bool]:
     return LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri), vulkan
 
 
-def filled_slab(
-    mod: LoadedModule, vulkan: bool, rng: np.random.Generator, slots: int
-) -> tuple[Any, np.ndarray[Any, Any], type]:
-    """An empty slab of `slots` slots in the device's KV type (f32 on Vulkan, f16 on the CPU), random
-    rows for every slot, and their numpy type."""
-    np_dt = np.float32 if vulkan else np.float16
-    cache = mod.empty((slots, L, 2, HKV, HD), "f32" if vulkan else "f16")
-    return cache, rng.standard_normal((slots, L, 2, HKV, HD)).astype(np_dt), np_dt
+def stored(halves: np.ndarray[Any, Any], vulkan: bool) -> np.ndarray[Any, Any]:
+    """f16 rows [..., HD] as the device's slab holds them: f16 on the CPU, on Vulkan two to an
+    int32 word (f16x2: value d in word d // 2, the low half for an even d, as numpy views them)."""
+    return halves.view(np.int32) if vulkan else halves
+
+
+def filled_slab(mod: LoadedModule, vulkan: bool, rng: np.random.Generator, slots: int) -> tuple[Any, np.ndarray[Any, Any]]:
+    """An empty slab of `slots` slots in the device's KV type (f16, on Vulkan in i32 words), and
+    random f16 rows for every slot."""
+    cache = mod.empty((slots, L, 2, HKV, HD // 2 if vulkan else HD), "i32" if vulkan else "f16")
+    return cache, rng.standard_normal((slots, L, 2, HKV, HD)).astype(np.float16)
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
 def test_kv_write_and_gathers_by_slot(device: str) -> None:
     mod, vulkan = compiled(device)
     rng, slots = np.random.default_rng(5), 400
-    cache, expect, np_dt = filled_slab(mod, vulkan, rng, slots)
-    for at in range(0, slots, 8):  # eight rows per write: 92,160 floats
+    cache, expect = filled_slab(mod, vulkan, rng, slots)
+    for at in range(0, slots, 8):  # eight rows per write: 92,160 values
         mod.fn("kv_write")(
             cache,
-            mod.to_device(layer_major(expect[at : at + 8])),
+            mod.to_device(layer_major(stored(expect[at : at + 8], vulkan))),
             mod.to_device(np.arange(at, at + 8, dtype=np.int32)),
         )
-    rows = rng.standard_normal((3, L, 2, HKV, HD)).astype(np_dt)
+    rows = rng.standard_normal((3, L, 2, HKV, HD)).astype(np.float16)
     where = np.array([17, 3, 390], np.int32)
-    mod.fn("kv_write")(cache, mod.to_device(layer_major(rows)), mod.to_device(where))
+    mod.fn("kv_write")(cache, mod.to_device(layer_major(stored(rows, vulkan))), mod.to_device(where))
     expect[where] = rows
-    assert np.array_equal(to_host(cache, mod.device), expect)
+    assert np.array_equal(to_host(cache, mod.device), stored(expect, vulkan))
     ctx = rng.permutation(slots).astype(np.int32)
     one = to_host(mod.fn("one")(cache, mod.to_device(ctx)), mod.device)
-    assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))  # widened to f32 exactly
+    assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))  # widened (unpacked) to f32 exactly
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
@@ -94,15 +97,16 @@ def test_kv_write_of_many_rows_in_one_call(device: str) -> None:
     element (on Vulkan the padding rows' writes race there)."""
     mod, vulkan = compiled(device)
     rng, slots = np.random.default_rng(7), 400
-    cache, expect, np_dt = filled_slab(mod, vulkan, rng, slots)
+    cache, expect = filled_slab(mod, vulkan, rng, slots)
     mod.fn("kv_write")(
-        cache, mod.to_device(layer_major(expect)), mod.to_device(np.arange(slots, dtype=np.int32))
+        cache, mod.to_device(layer_major(stored(expect, vulkan))), mod.to_device(np.arange(slots, dtype=np.int32))
     )
-    assert np.array_equal(to_host(cache, mod.device), expect)
+    assert np.array_equal(to_host(cache, mod.device), stored(expect, vulkan))
     where = np.concatenate([rng.permutation(np.arange(1, slots))[:300], np.zeros(20, int)]).astype(np.int32)
-    rows = rng.standard_normal((where.size, L, 2, HKV, HD)).astype(np_dt)
+    rows = stored(rng.standard_normal((where.size, L, 2, HKV, HD)).astype(np.float16), vulkan)
     mod.fn("kv_write")(cache, mod.to_device(layer_major(rows)), mod.to_device(where))
-    expect[where[:300]] = rows[:300]
+    want = stored(expect, vulkan)
+    want[where[:300]] = rows[:300]
     got = to_host(cache, mod.device)
-    assert np.array_equal(got[1:], expect[1:])
+    assert np.array_equal(got[1:], want[1:])
     assert (got[0] == rows[300:]).any(axis=0).all()

@@ -219,7 +219,7 @@ def decode_attention_module(index_inputs: bool) -> str:
     out = paged.attention_batch(b, hp, 1, "%q", ("%kn", "%vn"), "%len", 0.125, 0)  # type: ignore[arg-type]
     new, q = "tensor<1x3x64xf32>", "tensor<1x576xf32>"
     mod.entries.append(
-        f"func.func @main(%cache: {paged.slab_type(hp)}, %q: {q}, %ctx: tensor<1x?xi32>, %kn: {new}, "
+        f"func.func @main(%cache: {paged.slab_type(hp, mod.kv_dtype)}, %q: {q}, %ctx: tensor<1x?xi32>, %kn: {new}, "
         f"%vn: {new}, %len: tensor<1xi32>) -> {q} {{\n" + "\n".join(b.lines) + f"\n  return {out} : {q}\n}}"
     )
     text: str = mod.text("attention")
@@ -236,7 +236,7 @@ def test_decode_attention_compiles_for_the_gpu_targets(target: str) -> None:
 def test_the_gpu_decode_attention_computes_the_same_bits_on_lavapipe() -> None:
     spec = DEVICES["vulkan"]()
     rng = np.random.default_rng(9)
-    cache = rng.standard_normal((40, 3, 2, 3, 64)).astype(np.float32)
+    cache = rng.standard_normal((40, 3, 2, 3, 64)).astype(np.float16).view(np.int32)  # f16x2
     args = (
         rng.standard_normal((1, 576)).astype(np.float32),
         np.arange(1, 25, dtype=np.int32)[None],

@@ -19,7 +19,14 @@ import pytest
 
 from tests.conftest import SessionFactory, device_params, reference_model
 
-TOL = 2e-5  # max |logit error| / max |logit|; observed 1e-7..4e-6 (f32 vs f64 accumulation)
+# max |logit error| / max |logit|. f32 vs float64 accumulation alone is 1e-7..4e-6, but the cached
+# K/V are f16 on every device (as the reference's, tests/conftest.py): a value that f32's error puts
+# on the other side of a tie between two halves is stored one f16 ulp off, and a value close to 0
+# many of its ulps off (its f32 error is the size of its row's). One such K value in 384 moved
+# tiny-llama3-ropefreqs' batched decode logits by 5.5e-5 on Vulkan, and tiny-wide-kv's 240-token
+# prompt and decodes were 4.4e-5 off; rounding all K/V to f16 or not moves them 1e-4 there.
+# Where the rounding itself is checked bit for bit: tests/kernels/test_f16_bits.py.
+TOL = 2e-4
 TOL_Q8 = 1e-2  # with Q8 activations (the CPU on AVX2), see tests/conftest.py
 
 

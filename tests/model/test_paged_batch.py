@@ -17,14 +17,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import SessionFactory, device_params, reference_model
+from tests.model.test_fixture_numerics import TOL, TOL_Q8, rel_err
 from zinc.errors import InvalidRequestError
-
-TOL = 2e-5
-TOL_Q8 = 1e-2  # with Q8 activations (the CPU on AVX2), see tests/conftest.py
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))

@@ -15,23 +15,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from fixtures.make_fixtures import TinyLlama, write_fixture
 from tests.conftest import SessionFactory, device_params, reference_model
+from tests.model.test_fixture_numerics import TOL, TOL_Q8, rel_err
 from zinc.artifact import PREFILL_ROWS
 
-TOL = 2e-5  # as tests/model/test_fixture_numerics.py
-TOL_Q8 = 1e-2
 WIDE = TinyLlama(
     "tiny-wide-kv", {"embd": "Q8_0", "attn": "Q8_0", "ffn": "Q4_1", "output": "Q8_0"},
     n_embd=512, n_head=4, n_head_kv=4, seed=10,
 )  # fmt: skip
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
 
 
 @pytest.fixture(scope="module")

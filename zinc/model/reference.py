@@ -9,8 +9,8 @@ sliding-window layers, embedding and query scales and final logit softcapping. W
 `q8_activations`, it also follows the CPU's integer dot-product
 kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows in groups of 8,
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
-do. With `kv_f16`, cached keys and values are rounded to f16 as the CPU's KV slab stores them
-(the step that computes a position reads it rounded too). Slow by design; used by tests and for
+do. With `kv_f16`, cached keys and values are rounded to f16 as the KV slab stores them on every
+target (the step that computes a position reads it rounded too). Slow by design; used by tests and for
 debugging. `hidden` stops before the output head: the final hidden states an embedding pools.
 Imports: numpy, gguf, zinc.model.
 """
