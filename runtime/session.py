@@ -43,12 +43,6 @@ from zinc.runtime.module import ELEMENT_TYPES, LoadedModule
 
 DEFAULT_CONTEXT = 2048
 _CPU_FLAG = "--iree-llvmcpu-target-cpu="  # the manifest's flag naming the CPU target
-# Tokens per prefill call, per target. It bounds the step's transient memory (activations and
-# attention scores, kept by the allocator once used): on the CPU 128, the scheduler's chunk too
-# (a 512-token prompt at the same speed as in 256-token calls, 14 MiB less peak RSS for SmolLM2);
-# on Vulkan 8, because IREE 3.13's SPIR-V code for the attention softmax over a dynamic token
-# count above 8 computes wrong values (checked on lavapipe: T <= 8 exact, T = 9 off; tests/model
-# covers it).
 SCRATCH_SLOTS = 64
 CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 EMBED_PACK_TOKENS = 256  # tokens of one packed embedding call, all its inputs together
