@@ -47,6 +47,7 @@ from zinc.compiler.targets import (
     compiler_version,
     detected_vulkan_target,
     index_inputs,
+    prefill_gemm,
     target_cpu_flags,
     target_flags,
     vulkan_target_flags,
@@ -122,6 +123,7 @@ def artifact_key(
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
         f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
         _baked_values(gguf), *([f"pooling={pooling}"] if pooling is not None else []),
+        *([f"gemm={prefill_gemm(vulkan_target)}"] if check_target(target) == "vulkan" else []),
         *(["cpu=" + ",".join(sorted(target_cpu_flags()))] if target == "cpu" else []),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
@@ -164,6 +166,7 @@ def plan(
         batch_sizes=buckets,
         kv_write_parallel=kind == "vulkan",
         index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
+        gemm=prefill_gemm(vulkan_target) if kind == "vulkan" else None,
     )
     pause_point("emit")  # tests/faults: killed while the MLIR is generated
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=_flags(target, vulkan_target),

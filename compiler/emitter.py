@@ -12,7 +12,8 @@ body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv
 cos/sin table is computed once per step; with Llama 3's per-pair frequency factors its
 frequencies are a constant (`rope_freqs`), so models without them keep the same MLIR.
 Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
-weight layouts), zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch, zinc.mlir templates.
+weight layouts), zinc.compiler.gemm, zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch,
+zinc.mlir templates.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 
 from zinc.compiler import dot8, tiled
 from zinc.compiler.attention_prefill import render_prefill_attention
+from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import (
     QuantType,
     gather_name,
@@ -129,6 +131,9 @@ class Body:
         self.mod = mod
         self.dynamic = dynamic
         self.t = "?" if dynamic else "1"
+        # the weight matmuls' operand type as a dequantization and a GEMM (zinc.compiler.gemm: a
+        # Vulkan prefill over a fixed number of rows); None: the fused quantized matmul
+        self.gemm: str | None = None
         self.lines: list[str] = []
         self._counter = itertools.count(1)
         self._rope_tables: dict[tuple[str, int, float, float, float, tuple[float, ...]], tuple[str, str]] = {}
@@ -173,6 +178,12 @@ class Body:
             return self._linear_tiled(tensor, q, n, k, x, hint)
         ty = q.param_type(n, k)
         w = self.load(self.mod.param(tensor, ty), ty)
+        if self.gemm is not None:
+            dt = self.gemm
+            wd = self.call(self.mod.helper(dequant_name(q, n, k, dt), render_dequant(q, n, k, dt)),
+                           [(w, ty)], f"tensor<{n}x{k}x{dt}>", f"{hint}_w")  # fmt: skip
+            gemm = self.mod.helper(gemm_name(n, k, dt), render_gemm(n, k, dt))
+            return self.call(gemm, [(x, self.act(k)), (wd, f"tensor<{n}x{k}x{dt}>")], self.act(n), hint)
         name = self.mod.helper(
             matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, self.mod.index_inputs)
         )

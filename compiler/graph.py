@@ -111,15 +111,18 @@ def emit_module(
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     kv_write_parallel: bool = False,
     index_inputs: bool = False,
+    gemm: tuple[int, str] | None = None,
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
     one decode entry per batch size (1 is always included: single-sequence decode);
     `kv_write_parallel` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
-    with subgroups (zinc.compiler.kernels.with_index_inputs)."""
+    with subgroups (zinc.compiler.kernels.with_index_inputs); `gemm` (rows, operand type): the
+    prefill entries' matmuls as a dequantization and a GEMM over chunks padded to that many rows
+    (zinc.compiler.gemm; Vulkan)."""
     mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs)
-    mod.entries.append(_Entry(mod, desc, batch=0).text("prefill"))
-    mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True).text("prefill_kv"))
+    mod.entries.append(_Entry(mod, desc, batch=0, gemm=gemm).text("prefill"))
+    mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True, gemm=gemm).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):
         mod.entries.append(_Entry(mod, desc, batch=batch).text(decode_entry(batch)))
     for n in packed_sizes(batch_sizes, tiled):  # the CPU: several prompts' last chunks in one call
@@ -139,10 +142,15 @@ class _Entry:
     bucket of `batch` sequences (1: the single-token kernels; more: the dynamic-T kernels on a
     static batch, cast at the boundary so IREE specialises them). `rows_only`: the step returns
     its K/V rows only; with no head, the compiler also drops the last layer's work after its K/V.
-    `segments` (with batch 0): a packed prefill of that many prompts (`prefill_x{N}`)."""
+    `segments` (with batch 0): a packed prefill of that many prompts (`prefill_x{N}`). `gemm`
+    (rows, operand type), with batch 0: the chunk is padded to `rows` tokens inside the entry (ids
+    0, their K/V rows computed and dropped, ctx padded with scratch slot 0), so that every shape
+    is static and the matmuls are GEMMs (zinc.compiler.gemm); %T is then `rows` and %Tn the
+    chunk's own length, at most `rows`."""
 
     def __init__(
-        self, mod: ModuleEmitter, desc: ModelDescription, batch: int, rows_only: bool = False, segments: int = 0
+        self, mod: ModuleEmitter, desc: ModelDescription, batch: int, rows_only: bool = False, segments: int = 0,
+        gemm: tuple[int, str] | None = None,
     ) -> None:
         self.mod, self.desc, self.hp = mod, desc, desc.hparams
         self.batch = batch
@@ -153,6 +161,8 @@ class _Entry:
         self.b.per_row = batch > 0 or segments > 0
         self.b.rows = batch if batch > 1 else 0
         self.tv = "%T" if self.dynamic else "1"
+        self.gemm = gemm
+        self.b.gemm = gemm[1] if gemm else None
         self.rows_type = paged.rows_type(self.hp, self.b.t, mod.kv_dtype)
 
     def q(self, name: str) -> QuantType:
@@ -186,6 +196,13 @@ class _Entry:
         b.emit("%c0 = arith.constant 0 : index")
         args = self._arguments()
         x, new_rows = self.trunk()
+        if self.gemm:  # the chunk's own rows, without the padding's
+            rows = b.fresh("kv_rows")
+            b.emit(
+                f"{rows} = tensor.extract_slice {new_rows}[0, 0, 0, 0, 0] [{hp.block_count}, 2, %Tn, {hp.head_count_kv}, "
+                f"{paged.row_width(hp.key_length, self.mod.kv_dtype)}] [1, 1, 1, 1, 1] : {self.rows_type} to {self.rows_type}"
+            )
+            new_rows = rows
         if self.rows_only:
             b.emit(f"return {new_rows} : {self.rows_type}")
             sig = f"func.func @{name}(%cache: {ct}, {args}) -> {self.rows_type} {{"
@@ -208,7 +225,10 @@ class _Entry:
         output_norm, and the step's K/V rows."""
         hp, b = self.hp, self.b
         d, nv = hp.embedding_length, hp.vocab_size
-        b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{b.t}xi32>")
+        if self.gemm:
+            self._pad_chunk(self.gemm[0])
+        else:
+            b.emit(f"%T = tensor.dim %ids, %c0 : tensor<{b.t}xi32>")
         q_embd = self.q("token_embd.weight")
         embd = b.load(self.mod.param("token_embd.weight", q_embd.param_type(nv, d)), q_embd.param_type(nv, d))
         x = b.gather(q_embd, embd, nv, d, "%ids")  # [T, d]
@@ -223,6 +243,21 @@ class _Entry:
             x = b.elementwise("add", x, pending, d, "l_out")
         return x, new_rows
 
+    def _pad_chunk(self, rows: int) -> None:
+        """Binds %Tn (the chunk's length), %T = `rows`, %ids and %ctx padded to them with zeros."""
+        b = self.b
+        b.emit("%Tn = tensor.dim %ids_in, %c0 : tensor<?xi32>")
+        b.emit(f"%T = arith.constant {rows} : index")
+        b.emit("%S_in = tensor.dim %ctx_in, %c0 : tensor<?xi32>")
+        b.emit("%pad = arith.subi %T, %Tn : index")
+        b.emit("%S_p = arith.addi %S_in, %pad : index")
+        b.emit("%zero_id = arith.constant 0 : i32")
+        for name, n in (("ids", "%T"), ("ctx", "%S_p")):
+            b.emit(f"%{name}_e = tensor.empty({n}) : tensor<?xi32>")
+            b.emit(f"%{name}_z = linalg.fill ins(%zero_id : i32) outs(%{name}_e : tensor<?xi32>) -> tensor<?xi32>")
+            size = "%Tn" if name == "ids" else "%S_in"
+            b.emit(f"%{name} = tensor.insert_slice %{name}_in into %{name}_z[0] [{size}] [1] : tensor<?xi32> into tensor<?xi32>")
+
     def _arguments(self) -> str:
         """The entry's arguments after the cache; binds %ids, %ctx and %start or %pos."""
         b = self.b
@@ -230,7 +265,8 @@ class _Entry:
             each = (f"%off{i}: index, %len{i}: index, %start{i}: index, %ctx{i}: tensor<?xi32>" for i in range(self.segments))
             return ", ".join(["%ids: tensor<?xi32>, %pos: tensor<?xi32>", *each])
         if self.batch == 0:
-            return "%ids: tensor<?xi32>, %start: index, %ctx: tensor<?xi32>"
+            suffix = "_in" if self.gemm else ""
+            return f"%ids{suffix}: tensor<?xi32>, %start: index, %ctx{suffix}: tensor<?xi32>"
         n = self.batch
         if n == 1:
             b.kv_rows = ("%ctx", "%pos")
@@ -318,8 +354,8 @@ class _Entry:
             nxt = b.fresh("kv_new")
             b.emit(
                 f"{nxt} = tensor.insert_slice {stored} into {new_rows}[{il}, {part}, 0, 0, 0] "
-                f"[1, 1, {tv}, {nkv}, {paged.row_width(hd, self.mod.kv_dtype)}] [1, 1, 1, 1, 1] : "
-                f"{paged.rows_of(t, nkv, hd, self.mod.kv_dtype)} into {self.rows_type}"
+                f"[1, 1, {tv}, {nkv}, {paged.row_width(hd, self.mod.kv_dtype)}] [1, 1, 1, 1, 1] : {paged.rows_of(t, nkv, hd, self.mod.kv_dtype)} "
+                f"into {self.rows_type}"
             )
             new_rows = nxt
             new_kv.append(read)
@@ -404,7 +440,7 @@ class _Entry:
         if self.dynamic:  # only the last position's logits are needed
             last = b.fresh("last")
             b.emit("%c1 = arith.constant 1 : index")
-            b.emit("%tm1 = arith.subi %T, %c1 : index")
+            b.emit(f"%tm1 = arith.subi {'%Tn' if self.gemm else '%T'}, %c1 : index")
             b.emit(
                 f"{last} = tensor.extract_slice {x}[%tm1, 0] [1, {d}] [1, 1] : tensor<?x{d}xf32> to tensor<1x{d}xf32>"
             )

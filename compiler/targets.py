@@ -191,6 +191,24 @@ def index_inputs(name: str) -> bool:
     return check_vulkan_target(name) != GENERIC
 
 
+GEMM_ROWS = 128  # a Vulkan prefill chunk's rows when its matmuls are GEMMs (zinc.artifact.PREFILL_ROWS)
+
+
+def prefill_gemm(name: str) -> tuple[int, str] | None:
+    """The prefill matmuls' form on a Vulkan target (zinc.compiler.gemm): (rows, operand type), or
+    None for the fused quantized matmul. Named GPU targets: f16 GEMMs (cooperative matrices where
+    IREE's target has them). GENERIC keeps the fused form: its f16 tensors compute wrong values on
+    lavapipe, and an f32 GEMM over a chunk padded to 128 rows is mostly padding for the short
+    prompts lavapipe runs. `$ZINC_VULKAN_GEMM` (off, f16 or f32) overrides it (the tests run the
+    f32 GEMM on lavapipe)."""
+    forced = os.environ.get("ZINC_VULKAN_GEMM")
+    if forced:
+        if forced not in ("off", "f16", "f32"):
+            raise ZincError(f"ZINC_VULKAN_GEMM={forced!r}: choose off, f16 or f32")
+        return None if forced == "off" else (GEMM_ROWS, forced)
+    return (GEMM_ROWS, "f16") if check_vulkan_target(name) != GENERIC else None
+
+
 def gpu_properties(info: VulkanInfo) -> GpuProperties:
     return GpuProperties(
         name=info.name, vendor_id=info.vendor_id, device_type=info.device_type, subgroup_size=info.subgroup_size,

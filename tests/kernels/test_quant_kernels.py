@@ -1,7 +1,9 @@
 """Tier 2: every supported quant type's fused kernels against gguf's dequantize + numpy.
 
-Each module holds the prefill matmul (dynamic T), the decode matmul (T = 1) and the embedding
-row gather for one type and shape, with the weight bound as a parameter exactly as in a model.
+Each module holds the prefill matmul (dynamic T), the decode matmul (T = 1), the embedding
+row gather and the Vulkan GPU targets' prefill form (zinc.compiler.gemm: the weight dequantized,
+then a GEMM; in f32, and on the CPU in f16 too, which lavapipe's target cannot run) for one type
+and shape, with the weight bound as a parameter exactly as in a model.
 Weights are valid GGUF blocks: `gguf.quants.quantize` of random floats where the gguf package
 can quantize the type, otherwise random bytes with the f16 scale fields set to small finite
 values (every other bit pattern of a K-quant block is valid). Every fourth row is tiny, so its
@@ -21,6 +23,7 @@ from gguf import GGMLQuantizationType, quants
 
 from tests.conftest import DEVICES, device_params
 from zinc.compiler.bitops import bf16_to_f32, f16_to_f32
+from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import QUANT_TYPES, gather_name, matmul_name, render_gather, render_matmul
 from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
@@ -65,11 +68,32 @@ def quantized(name: str, n: int, k: int, rng: np.random.Generator) -> tuple[Arra
     return raw.view(np.int8).reshape(n, k // q.block, q.block_bytes), ref
 
 
-def kernel_module(name: str, n: int, k: int) -> str:
+GEMM_ROWS = 5  # the rows of the GEMM functions' static x
+
+
+def gemm_function(name: str, n: int, k: int, dt: str) -> str:
+    """`@gemm_<dt>`: x [GEMM_ROWS, k] (static, as a padded prefill chunk's) times the weight
+    dequantized to `dt`, as Body.linear calls the two on a Vulkan GPU target."""
+    q = QUANT_TYPES[name]
+    pt, wt, rows = q.param_type(n, k), f"tensor<{n}x{k}x{dt}>", GEMM_ROWS
+    return (
+        render_dequant(q, n, k, dt) + render_gemm(n, k, dt)
+        + f"func.func @gemm_{dt}(%x: tensor<{rows}x{k}xf32>) -> tensor<{rows}x{n}xf32> {{\n"
+        f"  %w = util.global.load @w : {pt}\n"
+        f"  %wd = func.call @{dequant_name(q, n, k, dt)}(%w) : ({pt}) -> {wt}\n"
+        f"  %xd = tensor.cast %x : tensor<{rows}x{k}xf32> to tensor<?x{k}xf32>\n"
+        f"  %y = func.call @{gemm_name(n, k, dt)}(%xd, %wd) : (tensor<?x{k}xf32>, {wt}) -> tensor<?x{n}xf32>\n"
+        f"  %ys = tensor.cast %y : tensor<?x{n}xf32> to tensor<{rows}x{n}xf32>\n"
+        f"  return %ys : tensor<{rows}x{n}xf32>\n}}\n"
+    )  # fmt: skip
+
+
+def kernel_module(name: str, n: int, k: int, target: str) -> str:
     q = QUANT_TYPES[name]
     pt = q.param_type(n, k)
     text = f'util.global private @w = #flow.parameter.named<"model"::"w"> : {pt}\n'
     text += render_matmul(q, n, k, True) + render_matmul(q, n, k, False) + render_gather(q, n, k, True)
+    text += "".join(gemm_function(name, n, k, dt) for dt in (("f32", "f16") if target == "cpu" else ("f32",)))
     for fn, callee, arg, res in (
         ("mm", matmul_name(q, n, k, True), f"tensor<?x{k}xf32>", f"tensor<?x{n}xf32>"),
         ("mv", matmul_name(q, n, k, False), f"tensor<1x{k}xf32>", f"tensor<1x{n}xf32>"),
@@ -84,7 +108,7 @@ def kernel_module(name: str, n: int, k: int) -> str:
 
 @functools.cache
 def compiled(name: str, n: int, k: int, target: str) -> bytes:
-    return compile_mlir(kernel_module(name, n, k), target)
+    return compile_mlir(kernel_module(name, n, k, target), target)
 
 
 def rel_err(y: Array, ref: Array, mag: Array) -> float:
@@ -123,6 +147,11 @@ def test_kernels_match_dequantize(qtype: str, device: str) -> None:
         rows = to_host(mod.fn("rows")(mod.to_device(ids)), mod.device)
         assert rows.shape == (5, k)
         assert row_err(rows, ref_w[ids]) < 1e-6, f"{qtype} gather {n}x{k}: {row_err(rows, ref_w[ids]):.2e}"
+        # f16 operands: each weight and input rounded to 11 significant bits
+        for dt, tol in (("f32", 1e-5), ("f16", 2e-3)) if spec.target == "cpu" else (("f32", 1e-5),):
+            yg = to_host(mod.fn(f"gemm_{dt}")(mod.to_device(x)), mod.device)
+            assert yg.shape == (5, n)
+            assert rel_err(yg, ref, mag) < tol, f"{qtype} {dt} GEMM {n}x{k}: {rel_err(yg, ref, mag):.2e}"
 
 
 def test_random_blocks_are_varied_with_subnormal_scales() -> None:
