@@ -52,7 +52,8 @@ def gemm_name(n: int, k: int, dt: str) -> str:
 
 def render_gemm(n: int, k: int, dt: str) -> str:
     """A private func `y[T, n] = x[T, k] @ W[n, k]^T`, W already dequantized to `dt`; x is rounded
-    to `dt` first, the products are summed in f32."""
+    to `dt` first (f16: saturated to its finite range, so an outlier stays large, not inf, and
+    the sums finite), the products are summed in f32."""
     wt = f"tensor<{n}x{k}x{dt}>"
     lines = [
         f"func.func private @{gemm_name(n, k, dt)}(%x: tensor<?x{k}xf32>, %w: {wt}) -> tensor<?x{n}xf32> {{",
@@ -68,7 +69,11 @@ def render_gemm(n: int, k: int, dt: str) -> str:
             f"  %xl = linalg.generic {{indexing_maps = [{ident}, {ident}], "
             f'iterator_types = ["parallel", "parallel"]}} ins(%x : tensor<?x{k}xf32>) outs(%xe : tensor<?x{k}x{dt}>) {{',
             f"    ^bb0(%a: f32, %o: {dt}):",
-            f"      %l = arith.truncf %a : f32 to {dt}",
+            "      %hi = arith.constant 65504.0 : f32",  # f16's largest finite: saturate, never inf
+            "      %lo = arith.constant -65504.0 : f32",
+            "      %a1 = arith.minimumf %a, %hi : f32",
+            "      %a2 = arith.maximumf %a1, %lo : f32",
+            f"      %l = arith.truncf %a2 : f32 to {dt}",
             f"      linalg.yield %l : {dt}",
             f"  }} -> tensor<?x{k}x{dt}>",
         ]

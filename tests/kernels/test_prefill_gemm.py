@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEVICES, reference_model
+from tests.kernels.test_quant_kernels import quantized
 from tests.kernels.test_vulkan_targets import QUANTIZED
 from tests.model.test_fixture_numerics import TOL
 from zinc.artifact import PREFILL_ROWS
@@ -28,6 +29,8 @@ from zinc.compiler.kernels import QUANT_TYPES
 from zinc.compiler.targets import GEMM_ROWS, GENERIC, compile_mlir, prefill_gemm, vulkan_target_flags
 from zinc.errors import ZincError
 from zinc.model.gguf_file import open_gguf
+from zinc.runtime.device import to_host
+from zinc.runtime.module import LoadedModule
 from zinc.runtime.session import ModelSession
 
 
@@ -109,6 +112,37 @@ def test_every_dequantization_and_gemm_compiles_for_the_gpu_targets_as_a_tiled_g
     gemms = {name: pipe for name, pipe in found.items() if "matmul_like" in name}
     assert gemms, f"no matmul dispatch among {sorted(found)}"
     assert set(gemms.values()) == {pipeline}, gemms
+
+
+def test_the_f16_gemm_saturates_an_outlier_instead_of_overflowing() -> None:
+    """An input beyond f16's range (a large activation) becomes 65504, not inf: the products stay
+    finite, as llvm-cpu computes the f16 form here (lavapipe's target cannot)."""
+    n, k, rows = 64, 512, GEMM_ROWS
+    q = QUANT_TYPES["Q8_0"]
+    pt, wt = q.param_type(n, k), f"tensor<{n}x{k}xf16>"
+    text = (
+        f'util.global private @w = #flow.parameter.named<"model"::"w"> : {pt}\n'
+        + render_dequant(q, n, k, "f16")
+        + render_gemm(n, k, "f16")
+        + f"func.func @main(%x: tensor<{rows}x{k}xf32>) -> tensor<{rows}x{n}xf32> {{\n"
+        f"  %w = util.global.load @w : {pt}\n"
+        f"  %wd = func.call @{dequant_name(q, n, k, 'f16')}(%w) : ({pt}) -> {wt}\n"
+        f"  %xd = tensor.cast %x : tensor<{rows}x{k}xf32> to tensor<?x{k}xf32>\n"
+        f"  %y = func.call @{gemm_name(n, k, 'f16')}(%xd, %wd) : (tensor<?x{k}xf32>, {wt}) -> tensor<?x{n}xf32>\n"
+        f"  %ys = tensor.cast %y : tensor<?x{n}xf32> to tensor<{rows}x{n}xf32>\n"
+        f"  return %ys : tensor<{rows}x{n}xf32>\n}}\n"
+    )  # fmt: skip
+    spec = DEVICES["cpu"]()
+    rng = np.random.default_rng(3)
+    param, ref_w = quantized("Q8_0", n, k, rng)
+    mod = LoadedModule(compile_mlir(text, "cpu"), spec.uri, parameter_arrays={"w": param})
+    x = np.zeros((rows, k), np.float32)
+    x[0, 0], x[1, 0], x[2, 1] = 1e6, -3e5, 1.0
+    y = to_host(mod.fn("main")(mod.to_device(x)), mod.device)
+    assert np.isfinite(y).all()
+    w16 = ref_w.astype(np.float16).astype(np.float64)
+    want = np.stack([65504.0 * w16[:, 0], -65504.0 * w16[:, 0], w16[:, 1]])
+    np.testing.assert_allclose(y[:3], want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.fixture(scope="module")
