@@ -314,6 +314,22 @@ def profile_lines(profile: Json, names: dict[str, str]) -> list[str]:
     return lines
 
 
+def check_lines(check: Json, names: dict[str, str]) -> list[str]:
+    """zinc's logits on the GPU against the float64 reference, per model (gpu_check.py)."""
+    lines = ["", "zinc's logits on the GPU against the float64 numpy reference (bench/gpu_check.py: a 200-token "
+             "prompt in two prefill calls, then decode steps; max |error| over the largest |logit|; random "
+             "weights, so errors of a few 1e-3 are rounding and one near 1 a wrong kernel):", ""]  # fmt: skip
+    for key, c in check.items():
+        name = names.get(key, key)
+        if "steps" not in c:
+            why = c.get("skipped") or c.get("error", "?").splitlines()[-1][:200]
+            lines.append(f"- {name}: not checked ({why})")
+            continue
+        errs = ", ".join(f"{s['step']} {s['rel_err']:.1e}" for s in c["steps"])
+        lines.append(f"- {name}: {errs}; greedy tokens agree on {c['tokens_agree']} of {c['of']} steps.")
+    return lines
+
+
 def report(args: argparse.Namespace) -> int:
     run_dir = Path(args.report)
     data = json.loads((run_dir / "gpu-bench.json").read_text())
@@ -325,6 +341,10 @@ def report(args: argparse.Namespace) -> int:
         data["profile"] = json.loads((run_dir / "gpu-profile.json").read_text())
         names = {key: m["name"] for key, m in data["models"].items()}
         section += "\n" + "\n".join(profile_lines(data["profile"], names))
+    if (run_dir / "gpu-check.json").exists():
+        data["check"] = json.loads((run_dir / "gpu-check.json").read_text())
+        names = {key: m["name"] for key, m in data["models"].items()}
+        section += "\n" + "\n".join(check_lines(data["check"], names))
     Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
     write_report(Path(args.doc), section)
     print(section)

@@ -35,9 +35,12 @@ def tool(name: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / name)
 
 
-def decode_inputs(hp: Json, position: int) -> list[str]:
-    """decode_b1's arguments: the slab [slots, L, 2, Hkv, hd], the token, its position, its slots."""
-    slab = f"{SLOTS}x{hp['block_count']}x2x{hp['head_count_kv']}x{hp['key_length']}xf32=0"
+def decode_inputs(hp: Json, position: int, kv_dtype: str = "f32") -> list[str]:
+    """decode_b1's arguments: the slab [slots, L, 2, Hkv, hd] as the manifest's `kv_cache.dtype`
+    stores it (f16x2: hd / 2 i32 words), the token, its position, its slots."""
+    hd = hp["key_length"]
+    width, element = (hd // 2, "i32") if kv_dtype == "f16x2" else (hd, kv_dtype)
+    slab = f"{SLOTS}x{hp['block_count']}x2x{hp['head_count_kv']}x{width}x{element}=0"
     return [
         f"--input={slab}",
         "--input=1xi32=100",
@@ -53,7 +56,8 @@ def profile(model: Json, args: argparse.Namespace, timeout: float) -> Json:
         prof = Path(tmp) / "decode.ireeprof"
         cmd = [tool("iree-benchmark-module"), f"--device={args.device}", f"--module={art / manifest['vmfb']}",
                f"--parameters=model={model['gguf']}", "--function=decode_b1",
-               *decode_inputs(manifest["hparams"], args.position), "--benchmark_min_time=5x",
+               *decode_inputs(manifest["hparams"], args.position, manifest["kv_cache"]["dtype"]),
+               "--benchmark_min_time=5x",
                "--benchmark_format=json", "--device_profiling_mode=dispatch-events",
                f"--device_profiling_output={prof}"]  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)

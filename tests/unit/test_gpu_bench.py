@@ -147,3 +147,22 @@ def test_a_server_out_of_time_keeps_the_runs_it_finished(monkeypatch: pytest.Mon
     bench_gpu.measure_server(server, args, {}, bench_gpu.Budget(600), row, lambda: None)  # type: ignore[arg-type]
     assert row["decode_tok_s"] == 50.0 and row["prefill_tok_s"] == 512 / 0.25 and row["ttft_ms"] == 250.0
     assert row["skipped"] == "a request did not finish in time, after 1 of 3 runs (its share of the budget)"
+
+
+def test_check_lines_give_each_steps_error_or_why_a_model_was_not_checked() -> None:
+    steps = [{"step": "prefill", "rel_err": 0.0051, "argmax": [5, 5]}, {"step": "decode 1", "rel_err": 0.93, "argmax": [2, 7]}]
+    check = {"1b": {"steps": steps, "tokens_agree": 1, "of": 2},
+             "8b": {"skipped": "weights of 4.7 GB: numpy takes minutes"}, "smollm2": {"error": "RuntimeError: x\nVK_ERROR"}}  # fmt: skip
+    text = "\n".join(bench_gpu.check_lines(check, {"1b": "llama-3.2-1b Q4_0", "8b": "llama-3.1-8b Q4_0"}))
+    assert "- llama-3.2-1b Q4_0: prefill 5.1e-03, decode 1 9.3e-01; greedy tokens agree on 1 of 2 steps." in text
+    assert "- llama-3.1-8b Q4_0: not checked (weights of 4.7 GB: numpy takes minutes)" in text
+    assert "- smollm2: not checked (VK_ERROR)" in text
+
+
+def test_the_profiles_slab_is_the_artifacts_kv_type() -> None:
+    import gpu_profile
+
+    hp = {"block_count": 16, "head_count_kv": 8, "key_length": 64}
+    assert gpu_profile.decode_inputs(hp, 256, "f16x2")[0] == "--input=256x16x2x8x32xi32=0"
+    assert gpu_profile.decode_inputs(hp, 256, "f32")[0] == "--input=256x16x2x8x64xf32=0"
+    assert gpu_profile.decode_inputs(hp, 9)[1:] == ["--input=1xi32=100", "--input=1xi32=9", "--input=1x10xi32=0"]
