@@ -38,6 +38,9 @@ so every step takes the slots of the cached positions it attends over:
   embed_x{N}(ids [T] i32, pos [T] i32, then per segment i < N:    (the CPU, pooling models) N inputs
              off_i, len_i index) -> hidden [T, d]                 packed as prefill_x{N} packs
                                                                   prompts, each a lone `embed`
+On Vulkan GPU targets prefill and prefill_kv take at most 128 tokens (zinc.artifact.PREFILL_ROWS, a
+call's chunk): they pad the chunk to 128 rows inside, so that their matmuls are GEMMs
+(zinc.compiler.gemm; `emit_module(gemm=...)`), and return the chunk's own K/V rows.
 B runs over the compiled batch buckets (`zinc compile --batch`); decode_b1 uses the single-token
 kernels, larger buckets the matmul (prefill) kernels, so a step's weights are read once for all B.
 prefill_x{N} has one entry per bucket N > 1: the matmuls, norms and RoPE run over all T rows at
