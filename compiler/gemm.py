@@ -7,9 +7,9 @@ f32, one element per invocation, by the embedding gather's body, zinc.compiler.g
 Why: over a prompt chunk, the fused quantized matmul (mlir/matmul_*.mlir) gets IREE 3.13's
 SubgroupReduce pipeline on GPU targets, one workgroup per (token, row) that dequantizes the
 weight again for every token. A separate dequantization feeding a contraction gets a tiled GEMM
-(`CooperativeMatrixVectorize` on targets with cooperative matrices, for f16 operands;
-`MatmulPromoteVectorize` otherwise), but only when the token count is static: the prefill entry
-points pad their chunk to a fixed number of rows for it (zinc.compiler.graph, `gemm_rows`).
+(`CooperativeMatrixVectorize` on ampere and rdna3, for f16 operands), but only when the token
+count is static: the prefill entry points pad their chunk to a fixed number of rows for it
+(zinc.compiler.graph, `emit_module(gemm=(rows, type))`).
 Imports: zinc.compiler.gathers, zinc.compiler.kernels.
 """
 
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from zinc.compiler.gathers import gather_body
 from zinc.compiler.kernels import QuantType
-
-GEMM_TYPES = ("f16", "f32")  # the GEMM's operand types; it accumulates in f32 either way
 
 
 def dequant_name(q: QuantType, n: int, k: int, dt: str) -> str:
