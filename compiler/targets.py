@@ -6,8 +6,8 @@ it may use), the Vulkan GPU targets (IREE's `--iree-vulkan-target` names, and `v
 which maps a device's vendor, name and features to one) and `compile_mlir`, which turns MLIR text
 into vmfb bytes with a clear error.
 Imports: iree.compiler (only inside `compile_mlir`: importing it maps about 60 MB of compiler
-library, which serving a cached artifact never needs), zinc.errors, zinc.runtime.{cpu_flags,
-vulkan_probe} (stdlib only: the CPU's features, the GPU's properties).
+library, which serving a cached artifact never needs), zinc.artifact (PREFILL_ROWS), zinc.errors,
+zinc.runtime.{cpu_flags, vulkan_probe} (stdlib only: the CPU's features, the GPU's properties).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from zinc.artifact import PREFILL_ROWS
 from zinc.errors import CompileError, ZincError
 from zinc.runtime.cpu_flags import CPU_LEVELS, ISA_FLAGS, host_cpu_flags
 from zinc.runtime.vulkan_probe import VulkanInfo, probe
@@ -191,7 +192,7 @@ def index_inputs(name: str) -> bool:
     return check_vulkan_target(name) != GENERIC
 
 
-GEMM_ROWS = 128  # a Vulkan prefill chunk's rows when its matmuls are GEMMs (zinc.artifact.PREFILL_ROWS)
+GEMM_ROWS = PREFILL_ROWS  # the rows a Vulkan prefill chunk is padded to for its GEMMs: a whole call's
 
 
 def prefill_gemm(name: str) -> tuple[int, str] | None:

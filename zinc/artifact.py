@@ -50,7 +50,7 @@ from zinc.model.hparams import HParams
 FORMAT_VERSION = 6
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
-PREFILL_ROWS = 128  # prompt tokens per prefill call (no more than a Vulkan GEMM prefill pads to: targets.GEMM_ROWS)
+PREFILL_ROWS = 128  # prompt tokens per prefill call (a Vulkan GPU target's prefill pads its chunk to it)
 
 
 def prefill_rows(target: str, hp: HParams) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEVICES, reference_model
-from tests.kernels.test_quant_kernels import quantized
+from tests.kernels.test_quant_kernels import gemm_function, quantized
 from tests.kernels.test_vulkan_targets import QUANTIZED
 from tests.model.test_fixture_numerics import TOL
 from zinc.artifact import PREFILL_ROWS
@@ -118,27 +118,17 @@ def test_the_f16_gemm_saturates_an_outlier_instead_of_overflowing() -> None:
     """An input beyond f16's range (a large activation) becomes 65504, not inf: the products stay
     finite, as llvm-cpu computes the f16 form here (lavapipe's target cannot)."""
     n, k, rows = 64, 512, GEMM_ROWS
-    q = QUANT_TYPES["Q8_0"]
-    pt, wt = q.param_type(n, k), f"tensor<{n}x{k}xf16>"
-    text = (
-        f'util.global private @w = #flow.parameter.named<"model"::"w"> : {pt}\n'
-        + render_dequant(q, n, k, "f16")
-        + render_gemm(n, k, "f16")
-        + f"func.func @main(%x: tensor<{rows}x{k}xf32>) -> tensor<{rows}x{n}xf32> {{\n"
-        f"  %w = util.global.load @w : {pt}\n"
-        f"  %wd = func.call @{dequant_name(q, n, k, 'f16')}(%w) : ({pt}) -> {wt}\n"
-        f"  %xd = tensor.cast %x : tensor<{rows}x{k}xf32> to tensor<?x{k}xf32>\n"
-        f"  %y = func.call @{gemm_name(n, k, 'f16')}(%xd, %wd) : (tensor<?x{k}xf32>, {wt}) -> tensor<?x{n}xf32>\n"
-        f"  %ys = tensor.cast %y : tensor<?x{n}xf32> to tensor<{rows}x{n}xf32>\n"
-        f"  return %ys : tensor<{rows}x{n}xf32>\n}}\n"
-    )  # fmt: skip
+    pt = QUANT_TYPES["Q8_0"].param_type(n, k)
+    text = f'util.global private @w = #flow.parameter.named<"model"::"w"> : {pt}\n' + gemm_function(
+        "Q8_0", n, k, "f16", rows
+    )
     spec = DEVICES["cpu"]()
     rng = np.random.default_rng(3)
     param, ref_w = quantized("Q8_0", n, k, rng)
     mod = LoadedModule(compile_mlir(text, "cpu"), spec.uri, parameter_arrays={"w": param})
     x = np.zeros((rows, k), np.float32)
     x[0, 0], x[1, 0], x[2, 1] = 1e6, -3e5, 1.0
-    y = to_host(mod.fn("main")(mod.to_device(x)), mod.device)
+    y = to_host(mod.fn("gemm_f16")(mod.to_device(x)), mod.device)
     assert np.isfinite(y).all()
     w16 = ref_w.astype(np.float16).astype(np.float64)
     want = np.stack([65504.0 * w16[:, 0], -65504.0 * w16[:, 0], w16[:, 1]])

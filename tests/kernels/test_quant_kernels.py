@@ -71,11 +71,11 @@ def quantized(name: str, n: int, k: int, rng: np.random.Generator) -> tuple[Arra
 GEMM_ROWS = 5  # the rows of the GEMM functions' static x
 
 
-def gemm_function(name: str, n: int, k: int, dt: str) -> str:
-    """`@gemm_<dt>`: x [GEMM_ROWS, k] (static, as a padded prefill chunk's) times the weight
+def gemm_function(name: str, n: int, k: int, dt: str, rows: int = GEMM_ROWS) -> str:
+    """`@gemm_<dt>`: x [rows, k] (static, as a padded prefill chunk's) times the weight `@w`
     dequantized to `dt`, as Body.linear calls the two on a Vulkan GPU target."""
     q = QUANT_TYPES[name]
-    pt, wt, rows = q.param_type(n, k), f"tensor<{n}x{k}x{dt}>", GEMM_ROWS
+    pt, wt = q.param_type(n, k), f"tensor<{n}x{k}x{dt}>"
     return (
         render_dequant(q, n, k, dt) + render_gemm(n, k, dt)
         + f"func.func @gemm_{dt}(%x: tensor<{rows}x{k}xf32>) -> tensor<{rows}x{n}xf32> {{\n"
