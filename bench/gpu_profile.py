@@ -35,7 +35,7 @@ def tool(name: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / name)
 
 
-def decode_inputs(hp: Json, position: int, kv_dtype: str = "f32") -> list[str]:
+def decode_inputs(hp: Json, position: int, kv_dtype: str = "f16x2") -> list[str]:
     """decode_b1's arguments: the slab [slots, L, 2, Hkv, hd] as the manifest's `kv_cache.dtype`
     stores it (f16x2: hd / 2 i32 words), the token, its position, its slots."""
     hd = hp["key_length"]

@@ -40,8 +40,6 @@ def render_decode_attention(name: str, hp: HParams, t: str, scale: float, win: i
 
     def load(out: str, part: str, j: int) -> list[str]:
         at = f"%cache[%slot{j}, %layer, {part}, %g, %c0] : {mem}"
-        if dt == "f32":
-            return [f"{out} = vector.load {at}, {vec}"]
         return [f"{out}h = vector.load {at}, vector<{hd}x{dt}>", f"{out} = arith.extf {out}h : vector<{hd}x{dt}> to {vec}"]
 
     hs = [f"_h{i}" for i in range(per)]  # the suffix of each head's values

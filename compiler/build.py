@@ -82,7 +82,7 @@ class Plan:
     flags: tuple[str, ...]
     repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]]  # see ModuleEmitter.repacked
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES  # decode buckets (decode_b{B} entry points)
-    kv_dtype: str = "f32"  # the KV slab's element type
+    kv_dtype: str = "f16"  # the KV slab's type (ModuleEmitter.kv_dtype, zinc.artifact.KV_DTYPES)
     vulkan_target: str = GENERIC  # IREE's Vulkan GPU target (zinc.compiler.targets.VULKAN_TARGETS)
     pooling: str | None = None  # the operator's pooling (`zinc serve --embeddings`); None: the GGUF's
     cpu_features: frozenset[str] = frozenset()  # on the CPU: the ISA features the code may use

@@ -39,12 +39,13 @@ def rows_of(t: str, nkv: int, hd: int, dt: str) -> str:
     return f"tensor<{t}x{nkv}x{width}x{st}>"
 
 
-def slab_type(hp: HParams, dt: str = "f32") -> str:
+def slab_type(hp: HParams, dt: str) -> str:
+    """The KV slab [slots, L, 2, Hkv, hd] in the storage of KV type `dt` (zinc.artifact.kv_storage)."""
     st, width = kv_storage(dt, hp.key_length)
     return f"tensor<?x{hp.block_count}x2x{hp.head_count_kv}x{width}x{st}>"
 
 
-def rows_type(hp: HParams, t: str, dt: str = "f32") -> str:
+def rows_type(hp: HParams, t: str, dt: str) -> str:
     """A step's new K/V rows [L, 2, T, Hkv, hd], layer-major: each layer's K (and V) rows of all
     T tokens are one contiguous block, so the step writes them where they are computed. Token-major
     ([T, L, 2, ...], the slab's order) made every layer's K and V of a decode batch or a prompt
@@ -56,11 +57,8 @@ def rows_type(hp: HParams, t: str, dt: str = "f32") -> str:
 
 def to_slab(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]:
     """New K or V rows [t, nkv, hd] in f32 -> (the rows as the slab stores them, `rows_of`; the
-    same rows back in f32: what every later step will read). Both are `value` itself when the
-    slab is f32."""
+    same rows back in f32, rounded to f16: what every later step will read)."""
     dt = b.mod.kv_dtype
-    if dt == "f32":
-        return value, value
     if dt == "f16x2":
         return _to_f16x2(b, value, t, nkv, hd)
     f32, low = f"tensor<{t}x{nkv}x{hd}xf32>", f"tensor<{t}x{nkv}x{hd}x{dt}>"
@@ -124,16 +122,14 @@ def _to_f16x2(b: Body, value: str, t: str, nkv: int, hd: int) -> tuple[str, str]
     return words, back
 
 
-def slab_read(dt: str, slab: str, index: list[str], raw: str, out: str) -> tuple[list[str], str]:
+def slab_read(dt: str, slab: str, index: list[str], raw: str, out: str) -> list[str]:
     """MLIR lines (unindented) loading element `index` (slot, layer, part, head, d: index values)
-    of the slab `%cache` of type `slab` and KV type `dt`, and the name of the value in f32:
-    `raw` the loaded element, `out` the f32 value where it is not `raw` (f16, f16x2). f16x2:
-    word d // 2, shifted right by 16 (d % 2), its low 16 bits decoded (bitops.f16_bits_to_f32)."""
+    of the slab `%cache` of type `slab` and KV type `dt` into `raw` and defining `out`, its value
+    in f32: `raw` widened (f16), or (f16x2) word d // 2 shifted right by 16 (d % 2), its low 16
+    bits decoded by bitops.f16_bits_to_f32."""
     *lead, d = index
-    if dt == "f32":
-        return [f"{raw} = tensor.extract %cache[{', '.join(index)}] : {slab}"], raw
     if dt == "f16":
-        return [f"{raw} = tensor.extract %cache[{', '.join(index)}] : {slab}", f"{out} = arith.extf {raw} : f16 to f32"], out
+        return [f"{raw} = tensor.extract %cache[{', '.join(index)}] : {slab}", f"{out} = arith.extf {raw} : f16 to f32"]
     if dt != "f16x2":
         raise AssertionError(f"KV cache type {dt!r}")
     p = out.lstrip("%") + "_pk"
@@ -150,7 +146,7 @@ def slab_read(dt: str, slab: str, index: list[str], raw: str, out: str) -> tuple
         f"%{p}_m16 = arith.constant 65535 : i32",
         f"%{p}_h = arith.andi %{p}_hs, %{p}_m16 : i32",
     ]
-    return lines + f16_bits_to_f32(f"%{p}_h", out, "", specials=True).split("\n"), out
+    return lines + f16_bits_to_f32(f"%{p}_h", out, "", specials=True).split("\n")
 
 
 def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
@@ -158,9 +154,9 @@ def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
     nl, nkv, hd, dt = hp.block_count, hp.head_count_kv, hp.key_length, b.mod.kv_dtype
     name = f"gather_kv_{nl}x{nkv}x{hd}{dt}"
     slab = slab_type(hp, dt)
-    lines, v = slab_read(dt, slab, ["%si", "%layer", "%part", "%h", "%d"], "%v", "%f")
+    lines = slab_read(dt, slab, ["%si", "%layer", "%part", "%h", "%d"], "%v", "%f")
     b.mod.helper(name, template("gather_kv.mlir").substitute(
-        NAME=name, HKV=str(nkv), HD=str(hd), SLAB=slab, LOAD="\n      ".join([*lines, f"linalg.yield {v} : f32"])
+        NAME=name, HKV=str(nkv), HD=str(hd), SLAB=slab, LOAD="\n      ".join([*lines, "linalg.yield %f : f32"])
     ))  # fmt: skip
     consts = []
     for value in (layer, part):
@@ -221,7 +217,7 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
     slab = slab_type(hp, dt)
     reads = {}  # each defines the f32 value %b
     for key, part in (("READ_K", "%part_k"), ("READ_V", "%part_v")):
-        lines, _ = slab_read(dt, slab, ["%si", "%layer", part, "%gi", "%di"], "%b" if dt == "f32" else "%bw", "%b")
+        lines = slab_read(dt, slab, ["%si", "%layer", part, "%gi", "%di"], "%bw", "%b")
         reads[key] = "\n      ".join(lines)
     subs = {
         "NAME": name, "HHD": str(heads * head_dim), "HKV": str(heads_kv), "G": str(heads // heads_kv),
@@ -265,7 +261,7 @@ def _slab_index_inputs(text: str, heads_kv: int, head_dim: int) -> str:
     return text
 
 
-def kv_write(hp: HParams, parallel: bool = False, dt: str = "f32") -> str:
+def kv_write(hp: HParams, parallel: bool, dt: str) -> str:
     """`kv_write(cache, rows [L, 2, T, Hkv, hd], slots [T] i32)`: the only writer of the slab, in
     place; token t's rows go to slot `slots[t]` (padding rows of a batch all go to scratch slot 0,
     so the indices need not be unique). One scatter of [Hkv, hd] pieces indexed by (slot, layer,

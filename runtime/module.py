@@ -24,7 +24,6 @@ from zinc.runtime.invoke import Entry, Timeline
 PARAMETER_SCOPE = "model"
 # the element types `empty` allocates (the KV slab's, by the manifest's name): numpy's and IREE's
 ELEMENT_TYPES: dict[str, tuple[np.dtype[Any], rt.HalElementType]] = {
-    "f32": (np.dtype(np.float32), rt.HalElementType.FLOAT_32),
     "f16": (np.dtype(np.float16), rt.HalElementType.FLOAT_16),
     "i32": (np.dtype(np.int32), rt.HalElementType.SINT_32),  # Vulkan's "f16x2" slab (zinc.artifact.kv_storage)
 }
@@ -93,8 +92,9 @@ class LoadedModule:
     def to_device(self, array: np.ndarray[Any, Any]) -> Any:
         return rt.asdevicearray(self.device, np.ascontiguousarray(array))
 
-    def empty(self, shape: tuple[int, ...], dtype: str = "f32") -> Any:
-        """An uninitialized f32 or f16 device array: its pages are only touched (and resident) once written.
+    def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
+        """An uninitialized device array of `dtype` (f16, or i32 words): its pages are only touched
+        (and resident) once written.
 
         The KV slab uses it: a step reads only the rows earlier steps wrote, so a 2048-position
         cache costs memory in proportion to the positions in use, not to its size.

@@ -74,7 +74,7 @@ def memory_needed(
     hp = manifest.hparams if manifest is not None else describe(gguf).hparams
     context, slots = slab_geometry(hp, context_length, kv_slots)
     archives = [artifact_dir / a for a in manifest.parameter_archives] if manifest and artifact_dir else []
-    dtype = manifest.kv_cache.dtype if manifest is not None else memory.KV_DTYPE.get(target, "f32")
+    dtype = manifest.kv_cache.dtype if manifest is not None else memory.KV_DTYPE.get(target, "f16")
     rows = max(manifest.batch_sizes) if manifest is not None else DEFAULT_BATCH
     vmfb = (artifact_dir / manifest.vmfb).stat().st_size if manifest and artifact_dir else 0
     chunk = tokens_per_call(target, hp)

@@ -59,11 +59,11 @@ def prefill_rows(target: str, hp: HParams) -> int:
 
 
 # The KV slab's types (the manifest's kv_cache.dtype), with the bytes each value takes.
-KV_DTYPES = {"f32": 4, "f16": 2, "f16x2": 2}
+KV_DTYPES = {"f16": 2, "f16x2": 2}
 
 
 def kv_storage(dtype: str, head_dim: int) -> tuple[str, int]:
-    """How a KV slab of `kv_cache.dtype` `dtype` is stored: (its element type, f32 f16 or i32, and
+    """How a KV slab of `kv_cache.dtype` `dtype` is stored: (its element type, f16 or i32, and
     the last dimension of its rows). "f16x2" (Vulkan) holds f16 values two to an i32 word, [...,
     head_dim / 2]: value d of a row in word d // 2, its low 16 bits for an even d, the high 16
     for an odd one (numpy's f16 row viewed as int32, little-endian). IREE 3.13's generic Vulkan
@@ -74,7 +74,7 @@ def kv_storage(dtype: str, head_dim: int) -> tuple[str, int]:
 @dataclass(frozen=True)
 class KVCacheGeometry:
     layout: str = "[slots, block_count, 2 (K|V), head_count_kv, key_length]"  # a slot: one position's K/V
-    dtype: str = "f32"  # "f16" on the CPU, "f16x2" on Vulkan (f16 in i32 words: `kv_storage`)
+    dtype: str = "f16"  # "f16" on the CPU, "f16x2" on Vulkan (f16 in i32 words: `kv_storage`)
     writer: str = "kv_write"  # the step functions return new rows [L, 2, T, Hkv, hd]; this entry point stores them
 
 

@@ -164,5 +164,5 @@ def test_the_profiles_slab_is_the_artifacts_kv_type() -> None:
 
     hp = {"block_count": 16, "head_count_kv": 8, "key_length": 64}
     assert gpu_profile.decode_inputs(hp, 256, "f16x2")[0] == "--input=256x16x2x8x32xi32=0"
-    assert gpu_profile.decode_inputs(hp, 256, "f32")[0] == "--input=256x16x2x8x64xf32=0"
+    assert gpu_profile.decode_inputs(hp, 256, "f16")[0] == "--input=256x16x2x8x64xf16=0"
     assert gpu_profile.decode_inputs(hp, 9)[1:] == ["--input=1xi32=100", "--input=1xi32=9", "--input=1x10xi32=0"]
