@@ -315,12 +315,12 @@ def svg(data: Json) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_report(out: Path, section: str) -> None:
-    """Put `section` in place of the report's Sizes section (or just above its Notes)."""
+def write_report(out: Path, section: str, title: str = SECTION) -> None:
+    """Put `section` in place of the report's section `title` (or just above its Notes)."""
     text = out.read_text() if out.exists() else ""
     head, sep, tail = text.partition("## Notes")
-    if SECTION in head:
-        before, _, after = head.partition(SECTION)
+    if title in head:
+        before, _, after = head.partition(title)
         rest = after.split("\n## ", 1)
         head = before + (("## " + rest[1]) if len(rest) > 1 else "")
     out.write_text(head.rstrip() + "\n\n" + section.strip() + "\n\n" + sep + tail)
