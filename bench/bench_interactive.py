@@ -1,7 +1,7 @@
 """A short request behind a long prompt (issue 36, "interactive under long prompts"), on the
 real-shape models: the time to first token of a short completion sent 0.15 s after a long prompt,
 against the same kind of request on an idle server, and the time of one prefill chunk (an idle
-128-token prompt's first token). zinc's scheduler prefills the long prompt in chunks and puts the
+~100-token prompt's first token: about one 128-token chunk). zinc's scheduler prefills the long prompt in chunks and puts the
 short prompt in at the next step, so its target is twice the idle time plus one chunk; llama.cpp's
 server (with `--llama-server`) finishes the long prompt's batch first.
 
