@@ -96,7 +96,10 @@ def run_server(o: ServeOptions, *, chat_ui: bool = False) -> None:
         write_timeout_s=o.write_timeout, max_connections=o.max_connections,
         graceful_shutdown_timeout_s=o.shutdown_timeout, drain_delay_s=o.drain_delay,
     )  # fmt: skip
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
+    # zinc's own loggers at INFO; others at WARNING (iree.compiler logs each iree-compile command
+    # line at INFO on the root logger)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s", stream=sys.stderr, force=True)
+    logging.getLogger("zinc").setLevel(logging.INFO)
     url = f"http://{o.host}:{o.port}"
     where = f"chat UI at {url}/ (API at {url}/v1)" if chat_ui else f"{url}/v1"
     err.print(
