@@ -42,6 +42,7 @@ from typing import Any
 import loopback
 from bench_streams import measure as measure_streams
 from loopback import HOST, Server, free_port, say, streams
+from report import replace_section
 
 Json = dict[str, Any]
 PATH = "/v1/completions"
@@ -285,17 +286,6 @@ def render(data: Json) -> str:
     return "\n".join(lines)
 
 
-def write_report(doc: Path, section: str) -> None:
-    """Put `section` in place of the document's GPU section (or just above its Notes)."""
-    text = doc.read_text() if doc.exists() else ""
-    head, sep, tail = text.partition("## Notes")
-    if SECTION + "\n" in head:
-        before, _, after = head.partition(SECTION + "\n")
-        rest = after.split("\n## ", 1)
-        head = before + (("## " + rest[1]) if len(rest) > 1 else "")
-    doc.write_text(head.rstrip() + "\n\n" + section.strip() + "\n\n" + sep + tail)
-
-
 def profile_lines(profile: Json, names: dict[str, str]) -> list[str]:
     """The few kernels that take most of a decode step on the GPU, per model (gpu_profile.py)."""
     lines = ["", "Where one decode step's time goes on the GPU (bench/gpu_profile.py: IREE's HAL profiling of "
@@ -346,7 +336,7 @@ def report(args: argparse.Namespace) -> int:
         names = {key: m["name"] for key, m in data["models"].items()}
         section += "\n" + "\n".join(check_lines(data["check"], names))
     Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
-    write_report(Path(args.doc), section)
+    replace_section(Path(args.doc), section, SECTION)
     print(section)
     return 0
 

@@ -12,7 +12,7 @@ Every prompt starts with a number of its own (no cached prefix answers it); gree
 the servers one after the other. Prints the markdown section (`--out` puts it in place of the
 report's own, above its Notes); --json keeps the raw figures.
 Imports: bench.loopback (the servers and the streaming client), bench.bench (PROMPT_TEXT, cpu_info),
-bench.bench_sizes (write_report), fixtures.real_shapes (ensure_model), the stdlib.
+bench.report (replace_section), fixtures.real_shapes (ensure_model), the stdlib.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench/ stays first
-from bench_sizes import write_report
 from loopback import Server, free_port, llama_server_argv, say, streams, zinc_argv
+from report import replace_section
 
 from bench import PROMPT_TEXT, cpu_info
 
@@ -134,7 +134,7 @@ def main() -> int:
         args.json.write_text(json.dumps(data, indent=1) + "\n")
     text = section(data)
     if args.out:
-        write_report(args.out, text, TITLE)
+        replace_section(args.out, text, TITLE)
     print(text)
     return 0
 

@@ -1,7 +1,8 @@
 """zinc vs llama.cpp at the sizes people run: real-shape models (fixtures/real_shapes.py), CPU, 2 threads.
 
 Usage: .venv/bin/python bench/bench_sizes.py [--models llama-3.2-1b,llama-3.1-8b] [--quant Q4_0]
-       [--runs 3] [--llama-bin DIR] [--streams 8] [--stream-tokens 64] [--out docs/PERFORMANCE.md]
+       [--runs 3] [--llama-bin DIR] [--streams 8] [--stream-tokens 64] [--long-model NAME|'']
+       [--out docs/PERFORMANCE.md] [--title '## Sizes']
 
 For each model: zinc's first compile into an empty cache (time, peak memory, artifact size), then
 runs of zinc's engine (bench.py's zinc worker: cold start, prefill of a 512-token prompt, greedy
@@ -13,7 +14,8 @@ a token reads (every weight but the embedding table, which a token reads one row
 -np N` (the same build) one after the other: one stream's and N concurrent streams' aggregate
 tok/s, --runs runs each (bench_streams.py, which says how). It replaces
 the "Sizes" section of the report (above its Notes) and writes docs/sizes.svg, tok/s against
-model size.
+model size; with another --title (scripts/bench-sizes: "## Other model families", Gemma 3 and
+Qwen 2.5 at 1-1.5B) it replaces that section instead, without the plot.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -32,6 +35,7 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench.py stays first
 from bench_streams import compare
+from report import replace_section
 
 from bench import THREADS, cpu_info, make_prompts, measure_bandwidth, run_worker, say
 
@@ -175,7 +179,7 @@ def med(rows: list[Json], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def render(data: Json) -> str:
+def render(data: Json, title: str = SECTION) -> str:
     def f(x: float | None, d: int = 1) -> str:
         return "-" if x is None else f"{x:.{d}f}"
 
@@ -185,7 +189,7 @@ def render(data: Json) -> str:
         return f"{(b / a if lower else a / b):.2f}x"
 
     lines = [
-        SECTION, "",
+        title, "",
         f"Real-shape models (fixtures/real_shapes.py: real releases' shapes and quant mixes, seeded random weights), "
         f"{data['date']}, {data['cpu'].get('model', 'CPU')}, {THREADS} threads for both, medians of {data['runs']} "
         f"runs alternating zinc and llama.cpp (`llama-bench` {data.get('llama_build') or '-'}). Ratios are zinc over "
@@ -221,7 +225,9 @@ def render(data: Json) -> str:
             f"| decode at {lg['tokens']} cached | {f(zd, 2)} | {f(ld, 2)} | {r(zd, ld)} |",
         ]
     lines += streams_table(data["models"], data["runs"])
-    lines += ["", "![decode and prefill tok/s against model size](sizes.svg)", ""]
+    if title == SECTION:  # the size sweep has the plot (docs/sizes.svg)
+        lines += ["", "![decode and prefill tok/s against model size](sizes.svg)"]
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -315,17 +321,6 @@ def svg(data: Json) -> str:
     return "\n".join(out) + "\n"
 
 
-def write_report(out: Path, section: str, title: str = SECTION) -> None:
-    """Put `section` in place of the report's section `title` (or just above its Notes)."""
-    text = out.read_text() if out.exists() else ""
-    head, sep, tail = text.partition("## Notes")
-    if title in head:
-        before, _, after = head.partition(title)
-        rest = after.split("\n## ", 1)
-        head = before + (("## " + rest[1]) if len(rest) > 1 else "")
-    out.write_text(head.rstrip() + "\n\n" + section.strip() + "\n\n" + sep + tail)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
@@ -347,6 +342,8 @@ def main() -> int:
     ap.add_argument("--worker", choices=["long"], help=argparse.SUPPRESS)
     ap.add_argument("--spec", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "PERFORMANCE.md")
+    ap.add_argument("--title", default=SECTION, help=f"the report section to write (default {SECTION!r}; another "
+                    "title: its own section, .bench/<title>.json, and no plot)")
     args = ap.parse_args()
     if args.worker:  # bench.run_worker runs this file's workers the way it runs bench.py's
         spec = json.loads(args.spec.read_text())
@@ -375,11 +372,13 @@ def main() -> int:
     builds |= {r["build"] for m in models for r in m["llama"] if r.get("build") not in (None, "unknown")}
     data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "runs": args.runs,
             "bandwidth_gbps": bw / 1e9, "models": models, "long": long, "llama_build": ", ".join(sorted(str(b) for b in builds))}  # fmt: skip
+    slug = "sizes" if args.title == SECTION else re.sub(r"[^a-z0-9]+", "-", args.title.lower()).strip("-")
     (REPO / ".bench").mkdir(exist_ok=True)
-    (REPO / ".bench" / "sizes.json").write_text(json.dumps(data, indent=1))
-    write_report(args.out, render(data))
-    (args.out.parent / "sizes.svg").write_text(svg(data))
-    print(render(data))
+    (REPO / ".bench" / f"{slug}.json").write_text(json.dumps(data, indent=1))
+    replace_section(args.out, render(data, args.title), args.title)
+    if args.title == SECTION:
+        (args.out.parent / "sizes.svg").write_text(svg(data))
+    print(render(data, args.title))
     return 0
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench_interactive
-from bench_sizes import write_report
+from report import replace_section
 
 RUN = {
     "date": "2026-11-27 23:09 UTC", "cpu": "AMD EPYC", "delay_s": 0.15, "runs": 3,
@@ -31,11 +31,11 @@ def test_a_row_per_server_with_medians_and_the_target() -> None:
 def test_the_section_goes_above_the_notes_and_a_rerun_replaces_it(tmp_path: Path) -> None:
     doc = tmp_path / "PERFORMANCE.md"
     doc.write_text("# Performance\n\n## Sizes\n\nsizes table\n\n## Notes\n\nby hand\n")
-    write_report(doc, bench_interactive.section(RUN), bench_interactive.TITLE)
+    replace_section(doc, bench_interactive.section(RUN), bench_interactive.TITLE)
     first = doc.read_text()
     assert first.index("## Sizes") < first.index(bench_interactive.TITLE) < first.index("## Notes")
     later = {**RUN, "date": "2026-11-28 09:00 UTC"}
-    write_report(doc, bench_interactive.section(later), bench_interactive.TITLE)
+    replace_section(doc, bench_interactive.section(later), bench_interactive.TITLE)
     text = doc.read_text()
     assert text.count(bench_interactive.TITLE) == 1 and "2026-11-28 09:00 UTC" in text and "23:09" not in text
     assert "sizes table" in text and text.endswith("## Notes\n\nby hand\n")

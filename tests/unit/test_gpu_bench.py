@@ -20,6 +20,7 @@ from zinc.model.gguf_file import default_model_path, open_gguf
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import bench_gpu
 import gpu_bundle
+from report import replace_section
 
 
 def make_bundle(root: Path, identity: str | None = None) -> Path:
@@ -107,7 +108,7 @@ def test_report_names_what_failed_or_was_skipped(tmp_path: Path) -> None:
     assert "- llama-3.1-8b Q4_0, llama.cpp: skipped: out of time (20 s left)" in text
     doc = tmp_path / "PERFORMANCE.md"
     doc.write_text("# Performance\n\n## Sizes\n\nsizes table\n\n## GPU\n\nold figures\n\n## Notes\n\nkept\n")
-    bench_gpu.write_report(doc, text)
+    replace_section(doc, text, bench_gpu.SECTION)
     out = doc.read_text()
     assert "old figures" not in out and out.count("## GPU") == 1
     assert out.index("## Sizes") < out.index("## GPU") < out.index("## Notes")
