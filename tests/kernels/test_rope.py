@@ -10,6 +10,8 @@ rotation, and a row must come out the same alone ([1, n]) as among others ([T, n
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -23,19 +25,25 @@ from zinc.runtime.module import LoadedModule
 HEADS, BASE = 3, 10000.0
 
 
-def rope_module(hd: int, n_rot: int, cpu: bool, by_hand: bool, factors: tuple[float, ...] = ()) -> str:
+def module_of(rope: Callable[[Body], str], hd: int, cpu: bool, name: str) -> str:
+    """A module of two entries applying `rope(body)` to x at positions start..: `rows` ([T, n])
+    and `one` ([1, n])."""
     mod = ModuleEmitter(tiled=cpu)  # tiled: the CPU's kernels
     n = HEADS * hd
-    rows = Body(mod, dynamic=True)
-    out = rows.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand, factors)
-    one = Body(mod, dynamic=False)
-    single = one.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand, factors)
+    rows, one = Body(mod, dynamic=True), Body(mod, dynamic=False)
+    out, single = rope(rows), rope(one)
     lines = [f"func.func @rows(%x: tensor<?x{n}xf32>, %start: index) -> tensor<?x{n}xf32> {{", "  %c0 = arith.constant 0 : index"]
     lines += [f"  %T = tensor.dim %x, %c0 : tensor<?x{n}xf32>", *rows.lines, f"  return {out} : tensor<?x{n}xf32>", "}"]
     lines += [f"func.func @one(%x: tensor<1x{n}xf32>, %start: index) -> tensor<1x{n}xf32> {{", "  %T = arith.constant 1 : index"]
     lines += [*one.lines, f"  return {single} : tensor<1x{n}xf32>", "}"]
     mod.entries.append("\n".join(lines))
-    return mod.text("rope")
+    return mod.text(name)
+
+
+def rope_module(hd: int, n_rot: int, cpu: bool, by_hand: bool, factors: tuple[float, ...] = ()) -> str:
+    return module_of(
+        lambda b: b.rope("%x", "%start", HEADS, hd, n_rot, BASE, "roped", by_hand, factors), hd, cpu, "rope"
+    )
 
 
 def reference(x: np.ndarray, start: int, hd: int, n_rot: int, factors: tuple[float, ...] = ()) -> np.ndarray:
@@ -94,17 +102,7 @@ def test_rope_with_frequency_factors_at_long_context(hd: int, n_rot: int, device
 
 
 def neox_module(hd: int, cpu: bool) -> str:
-    mod = ModuleEmitter(tiled=cpu)
-    n = HEADS * hd
-    rows, one = Body(mod, dynamic=True), Body(mod, dynamic=False)
-    out = rows.rope_neox("%x", "%start", HEADS, hd, BASE, 0.5, "roped")
-    single = one.rope_neox("%x", "%start", HEADS, hd, BASE, 0.5, "roped")
-    lines = [f"func.func @rows(%x: tensor<?x{n}xf32>, %start: index) -> tensor<?x{n}xf32> {{", "  %c0 = arith.constant 0 : index"]
-    lines += [f"  %T = tensor.dim %x, %c0 : tensor<?x{n}xf32>", *rows.lines, f"  return {out} : tensor<?x{n}xf32>", "}"]
-    lines += [f"func.func @one(%x: tensor<1x{n}xf32>, %start: index) -> tensor<1x{n}xf32> {{", "  %T = arith.constant 1 : index"]
-    lines += [*one.lines, f"  return {single} : tensor<1x{n}xf32>", "}"]
-    mod.entries.append("\n".join(lines))
-    return mod.text("rope_neox")
+    return module_of(lambda b: b.rope_neox("%x", "%start", HEADS, hd, BASE, 0.5, "roped"), hd, cpu, "rope_neox")
 
 
 def neox_reference(x: np.ndarray, start: int, hd: int, freq_scale: float) -> np.ndarray:
