@@ -89,15 +89,17 @@ class Plan:
 
 
 def _source_digest() -> str:
-    """A hash of everything the generated MLIR is derived from: the compiler, its templates and
-    the model descriptions. The cache key uses it, so finding a cached artifact never has to
-    regenerate the MLIR (that took a third of a second of every start)."""
+    """A hash of everything the generated MLIR is derived from: the compiler, its templates, the
+    model descriptions and the artifact contract's constants (zinc/artifact.py: PREFILL_ROWS,
+    CTX_ALIGN). The cache key uses it, so finding a cached artifact never has to regenerate the
+    MLIR (that took a third of a second of every start)."""
     h = hashlib.sha256()
     for package in ("zinc.compiler", "zinc.mlir", "zinc.model"):
         root = resources.files(package)
         for entry in sorted(root.iterdir(), key=lambda e: e.name):
             if entry.name.endswith((".py", ".mlir")):
                 h.update(entry.name.encode() + b"\0" + entry.read_bytes())
+    h.update(b"artifact.py\0" + resources.files("zinc").joinpath("artifact.py").read_bytes())
     return h.hexdigest()
 
 
