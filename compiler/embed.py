@@ -14,11 +14,12 @@ alone. Neither reads nor returns cache rows, so an embedding never touches the p
 sequences being generated. The pooling itself (and the L2 norm) runs on the host
 (zinc.engine.embeddings): the last row, the first or the mean are one numpy line on a [T, d] array
 that is small beside the step.
-Imports: zinc.compiler (graph, emitter), zinc.model.hparams.
+Imports: zinc.artifact (CTX_ALIGN), zinc.compiler (graph, emitter), zinc.model.hparams.
 """
 
 from __future__ import annotations
 
+from zinc.artifact import CTX_ALIGN
 from zinc.compiler.emitter import ModuleEmitter
 from zinc.compiler.graph import _Entry
 from zinc.model.hparams import HParams, ModelDescription
@@ -43,6 +44,9 @@ class EmbedEntry(_Entry):
         hp, b = self.hp, self.b
         d = hp.embedding_length
         b.emit("%c0 = arith.constant 0 : index")
+        b.emit(f"%align = arith.constant {CTX_ALIGN} : index")
+        b.emit(f"%align1 = arith.constant {CTX_ALIGN - 1} : index")
+        b.emit("%zero_row = arith.constant 0.0 : f32")
         b.emit("%start = arith.constant 0 : index")  # positions 0..T-1 (each segment's): RoPE and the causal mask
         x, _ = self.trunk()  # the K/V rows are not returned: the compiler drops them
         w = self.vector("output_norm.weight", d)
@@ -56,8 +60,30 @@ class EmbedEntry(_Entry):
 
     def context_kv(self, il: int, new_kv: list[str]) -> tuple[str, str]:
         """Only this call's rows, by position (nothing is cached before them)."""
-        return new_kv[0], new_kv[1]
+        return self._aligned(new_kv[0]), self._aligned(new_kv[1])
 
     def segment_context(self, i: int, il: int, new: list[str]) -> tuple[str, str, str]:
         """Segment i's own rows only, from position 0."""
-        return new[0], new[1], "%start"
+        return self._aligned(new[0]), self._aligned(new[1]), "%start"
+
+    def _aligned(self, rows: str) -> str:
+        """On the CPU, K or V rows [T, Hkv, hd] padded with zero rows to a multiple of CTX_ALIGN,
+        as a prefill's ctx is: its attention reads keys in blocks of that many (the padding lies
+        past every query's position, so it is masked). Vulkan's linalg attention takes any T. Zeros
+        with the rows inserted, not a tensor.pad: with a pad here the CPU's embeddings came out
+        wrong (IREE 3.13), though a pad before the attention alone was right."""
+        b, hp = self.b, self.hp
+        if not self.mod.tiled:
+            return rows
+        ty = f"tensor<?x{hp.head_count_kv}x{hp.key_length}xf32>"
+        n, up, blocks, width, empty, zeros, out = (
+            b.fresh(h) for h in ("n", "up", "blocks", "width", "empty", "zeros", "aligned")
+        )
+        b.emit(f"{n} = tensor.dim {rows}, %c0 : {ty}")
+        b.emit(f"{up} = arith.addi {n}, %align1 : index")
+        b.emit(f"{blocks} = arith.divui {up}, %align : index")
+        b.emit(f"{width} = arith.muli {blocks}, %align : index")
+        b.emit(f"{empty} = tensor.empty({width}) : {ty}")
+        b.emit(f"{zeros} = linalg.fill ins(%zero_row : f32) outs({empty} : {ty}) -> {ty}")
+        b.emit(f"{out} = tensor.insert_slice {rows} into {zeros}[0, 0, 0] [{n}, {hp.head_count_kv}, {hp.key_length}] [1, 1, 1] : {ty} into {ty}")
+        return out

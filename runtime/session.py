@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from zinc.artifact import KV_DTYPES, Manifest, kv_storage, load_manifest
+from zinc.artifact import CTX_ALIGN, KV_DTYPES, Manifest, kv_storage, load_manifest
 from zinc.artifact import prefill_rows as tokens_per_call  # not ModelSession.prefill_rows
 from zinc.errors import ArtifactError, ContextLengthExceededError, InvalidRequestError
 from zinc.model.gguf_file import GGUFModel, open_gguf
@@ -44,7 +44,6 @@ from zinc.runtime.module import ELEMENT_TYPES, LoadedModule
 DEFAULT_CONTEXT = 2048
 _CPU_FLAG = "--iree-llvmcpu-target-cpu="  # the manifest's flag naming the CPU target
 SCRATCH_SLOTS = 64
-CTX_ALIGN = 8  # ctx widths are padded (masked) to a multiple of this: ragged tails run slow paths
 EMBED_PACK_TOKENS = 256  # tokens of one packed embedding call, all its inputs together
 
 

@@ -46,11 +46,13 @@ from zinc.model.hparams import HParams
 # 2: slot-major paged KV slab, decode_b{B} batch buckets; 3: kv_write takes layer-major rows;
 # 4: `files`, every file's size and sha256 (none for a parameter archive); 5: Vulkan's kv_write
 # takes any number of rows, so a Vulkan prefill call takes PREFILL_ROWS tokens as the CPU's;
-# 6: Vulkan's KV slab holds f16 values two to an i32 word (kv_cache.dtype "f16x2")
-FORMAT_VERSION = 6
+# 6: Vulkan's KV slab holds f16 values two to an i32 word (kv_cache.dtype "f16x2"); 7: a step's ctx
+# width is a multiple of CTX_ALIGN (16, was 8)
+FORMAT_VERSION = 7
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
 PREFILL_ROWS = 128  # prompt tokens per prefill call (a Vulkan GPU target's prefill pads its chunk to it)
+CTX_ALIGN = 16  # a step's ctx width (so its S) is a multiple of this: the CPU's prefill attention reads keys in blocks of 16
 
 
 def prefill_rows(target: str, hp: HParams) -> int:
