@@ -367,9 +367,12 @@ def main() -> int:
             )
         ]
     )
-    version = llama_bin / ".." / ".." / "VERSION" if llama_bin else None  # scripts/bench-sizes writes it
+    # scripts/bench-sizes writes VERSION; llama-bench's own build_commit is then the git HEAD of the
+    # tree around the sdist's (zinc's), so it is taken only where there is no VERSION
+    version = llama_bin / ".." / ".." / "VERSION" if llama_bin else None
     builds = {version.read_text().strip()} if version and version.exists() else set()
-    builds |= {r["build"] for m in models for r in m["llama"] if r.get("build") not in (None, "unknown")}
+    if not builds:
+        builds = {r["build"] for m in models for r in m["llama"] if r.get("build") not in (None, "unknown")}
     data = {"date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_info(), "runs": args.runs,
             "bandwidth_gbps": bw / 1e9, "models": models, "long": long, "llama_build": ", ".join(sorted(str(b) for b in builds))}  # fmt: skip
     slug = "sizes" if args.title == SECTION else re.sub(r"[^a-z0-9]+", "-", args.title.lower()).strip("-")
