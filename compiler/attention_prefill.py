@@ -89,7 +89,8 @@ def render_prefill_attention(
             ]
     executable = template("attention_prefill.mlir").substitute(
         NAME=name, HEADS=str(heads), G=str(heads // heads_kv), HKV=str(heads_kv), HD=str(hd), HHD=str(hhd),
-        R=str(r), R1=str(r - 1), BW=str(BW), BW1=str(BW - 1), IOTA=", ".join(map(str, range(BW))), ACC=str(acc), WINDOW=str(window), SCALE=scale,
+        R=str(r), R1=str(r - 1), ACC=str(acc), WINDOW=str(window), SCALE=scale,
+        BW=str(BW), BW1=str(BW - 1), IOTA=", ".join(map(str, range(BW))),
         ROWS=_indent(rows, 6), NRES=str(3 * r), NDOT=str(r * acc),
         ITER_INIT=", ".join(f"%m{i} = %mstart, %l{i} = %zero, %acc{i} = %zhd" for i in range(r)),
         ITER_TYPES=", ".join(f"f32, f32, {vec}" for _ in range(r)),
