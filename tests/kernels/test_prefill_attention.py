@@ -53,7 +53,7 @@ def test_prefill_attention_matches_numpy(heads: int, heads_kv: int, hd: int, win
     mod = module(heads, heads_kv, hd, window)
     rng = np.random.default_rng(hd + window)
     start, t_n = 93, 2 * rows_per_workgroup(hd) + 3  # blocks of rows with a ragged last one
-    width = -(-(start + t_n) // CTX_ALIGN) * CTX_ALIGN  # the session pads ctx (so S) so
+    width = -(-(start + t_n) // CTX_ALIGN) * CTX_ALIGN  # the session pads ctx, so S, to a multiple of CTX_ALIGN
     q = rng.standard_normal((t_n, heads * hd)).astype(np.float32)
     k, v = (rng.standard_normal((width, heads_kv, hd)).astype(np.float32) for _ in range(2))
     fa = mod.fn("fa")
