@@ -12,7 +12,7 @@ call, CPU artifacts), `decode_batch` (one token for each of up to max(batch_size
 padded to a compiled bucket; it returns once enqueued, and reading the step waits for it) and
 `decode_next` (the step after one of those, fed its greedy tokens on the device, so it can be
 enqueued before that one is read), each given the slots of the positions it reads and writes;
-`prefill` / `decode` are the single-sequence forms with slot = position; `embed` (pooling models'
+`prefill` / `decode` / `decode_after` (`decode_next`'s single-sequence form) are the single-sequence forms with slot = position; `embed` (pooling models'
 artifacts) returns a whole input's final hidden states from one call that neither reads nor writes
 the slab, `embed_packed` those of several short inputs from one call (CPU artifacts); `warm_up` runs one prefill and one decode step before a server says it is ready. Only the greedy tokens
 (4 bytes each) cross back to the host unless the caller asks for logits. `layer_major` puts rows
@@ -412,4 +412,11 @@ class ModelSession:
     def decode(self, token: int, pos: int) -> StepResult:
         """Run one token at position `pos` (the number of tokens already in the cache)."""
         step = self.decode_batch([token], [pos], [self._own_slots(pos + 1)])
+        return StepResult(self, step._tokens, step._logits, step.wait)
+
+    def decode_after(self, prev: StepResult, pos: int) -> StepResult:
+        """The step at `pos` fed the greedy token of `prev` (a step of `decode` or `decode_after`)
+        straight from the device: it can be enqueued before `prev` has run, so the host's work
+        for a token overlaps the device's step (as the server's chained batches do)."""
+        step = self._step(prev._token, self.batch_sizes[0], [pos], [self._own_slots(pos + 1)])
         return StepResult(self, step._tokens, step._logits, step.wait)

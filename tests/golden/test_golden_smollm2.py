@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import VULKAN_LONG, SessionFactory, device_params, golden
+from zinc.engine.generate import generate_ids
 from zinc.runtime.session import ModelSession
 
 NEAR_TIE = 0.5  # logits; the largest gap at which zinc (exact) and llama.cpp (q8 activations) may disagree
@@ -70,3 +71,20 @@ def test_smollm2_greedy_matches_llama_cpp(device: str, smollm2: Path, open_sessi
         matched.append(run_prompt(session, prompt, n, TOP1_TOL))
     # every prompt must agree for a while; SmolLM2's first prompt meets a 0.33 near-tie at token 5
     assert min(matched) >= min(5, n), matched
+
+
+@pytest.mark.golden
+@pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
+def test_chained_greedy_steps_match_llama_cpp(device: str, smollm2: Path, open_session: SessionFactory) -> None:
+    """`generate_ids` feeds each decode step the one before's token on the device
+    (ModelSession.decode_after): the tokens of the step-by-step loop, and llama.cpp's by the same rule."""
+    data = golden("smollm2")
+    session = open_session(smollm2, device)
+    n = VULKAN_TOKENS if device == "vulkan" else data["settings"]["gen_tokens"]
+    prompt = data["prompts"][-1]
+    ours = list(generate_ids(session, prompt["ids"], n))
+    stepwise = [session.prefill(prompt["ids"]).token]
+    while len(stepwise) < n:
+        stepwise.append(session.decode(stepwise[-1], len(prompt["ids"]) + len(stepwise) - 1).token)
+    assert ours == stepwise  # the same calls, fed from the device instead of the host
+    assert check_tokens(ours, prompt) >= min(5, n)

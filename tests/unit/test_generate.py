@@ -5,11 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from zinc.engine.generate import generate_ids
 from zinc.engine.stops import StopMatcher
 from zinc.errors import ContextLengthExceededError
+from zinc.runtime.sampling import SamplingParams
 
 
 @dataclass
@@ -54,6 +56,55 @@ def test_context_limits() -> None:
     assert s.calls[-1] == ("decode", 3)
     with pytest.raises(ContextLengthExceededError):
         list(generate_ids(ScriptedSession(context_length=2), [1, 2], 1))
+
+
+class ChainingSession(ScriptedSession):
+    """Also chains steps as ModelSession.decode_after does: the step at `pos` is fed the token of
+    the step before it, which is read only after this one is asked for."""
+
+    def decode_after(self, prev: Step, pos: int) -> Step:
+        self.calls.append(("decode_after", pos))
+        return Step(prev.token + 1)
+
+
+def test_greedy_steps_are_chained_and_none_past_the_last_token() -> None:
+    s = ChainingSession()
+    assert list(generate_ids(s, [1, 2, 3], 5)) == [100, 101, 102, 103, 104]
+    # the first decode is fed the prefill's token from the host; each later step is enqueued
+    # before the token of the one before is read; none for a sixth token
+    assert s.calls == [("prefill", 3), ("decode", 3), ("decode_after", 4), ("decode_after", 5), ("decode_after", 6)]
+
+
+def test_chained_steps_stop_at_a_stop_id_and_the_context() -> None:
+    s = ChainingSession()
+    assert list(generate_ids(s, [1], 10, stop_ids={102})) == [100, 101, 102]
+    assert s.calls == [("prefill", 1), ("decode", 1), ("decode_after", 2), ("decode_after", 3)]  # one spare step
+    s = ChainingSession(context_length=4)
+    assert list(generate_ids(s, [1, 2], 10)) == [100, 101, 102]
+    assert s.calls == [("prefill", 2), ("decode", 2), ("decode_after", 3)]  # none at position 4
+
+
+@dataclass
+class PeakedStep(Step):
+    def logits(self) -> object:
+        row = np.full(512, -1e9, np.float32)
+        row[self.token] = 0.0  # any sampler picks the greedy token
+        return row
+
+
+class PeakedSession(ChainingSession):
+    def prefill(self, ids: Sequence[int], start: int = 0) -> Step:
+        return PeakedStep(super().prefill(ids, start).token)
+
+    def decode(self, token: int, pos: int) -> Step:
+        return PeakedStep(super().decode(token, pos).token)
+
+
+def test_a_sampler_reading_logits_is_not_chained() -> None:
+    """The next step's token is the host's pick, which the device's greedy token may not be."""
+    s = PeakedSession()
+    assert list(generate_ids(s, [1], 3, SamplingParams(temperature=1.0, seed=1))) == [100, 101, 102]
+    assert s.calls == [("prefill", 1), ("decode", 1), ("decode", 2)]
 
 
 @pytest.mark.parametrize(

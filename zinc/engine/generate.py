@@ -1,10 +1,10 @@
 """Token-level generation over a model session: prefill the prompt, then one decode per token.
 
 Owns: `TokenPicker` (the per-token choice, shared with the batching scheduler), `generate_tokens`,
-the single-sequence generation loop used by the CLI and the benchmarks, and `generate_ids` (the
-same, ids only). Greedy decoding reads back only the
-device's argmax; other samplers, a grammar constraint and logprobs read the step's logits. Per
-token, in this order: the constraint's mask is applied to the (adjusted) logits and the sampler
+the single-sequence generation loop used by the CLI (greedy steps chained on the device where the
+session has `decode_after`) and the benchmarks, and `generate_ids` (the same, ids only).
+Greedy decoding reads back only the device's argmax; other samplers, a grammar constraint and
+logprobs read the step's logits. Per token, in this order: the constraint's mask is applied to the (adjusted) logits and the sampler
 picks a token; the constraint accepts it; its logprobs (log-softmax of the raw logits, with the
 top `logprobs` alternatives) are computed when asked for. Stops at `max_tokens`, at an
 end-of-generation id, when the constraint is complete, or when the context is full.
@@ -116,17 +116,25 @@ def generate_tokens(
     picker = TokenPicker(prompt_ids, sampling, stop_ids, logprobs=logprobs, constraint=constraint)
     if max_tokens <= 0:
         return
+    # Greedy tokens alone: each decode step is fed the one before's token on the device and
+    # enqueued before that token is read (ModelSession.decode_after), so the host's work for a
+    # token overlaps the device's next step. A stop id found then leaves one step run for nothing.
+    chain: Callable[[Step, int], Step] | None = None if picker.read_logits else getattr(session, "decode_after", None)
     step = session.prefill(prompt_ids)
     pos = len(prompt_ids)  # where the next token's K/V rows go
     generated = 0
+    ahead: Step | None = None  # the step at `pos`, already enqueued
     while True:
+        if chain is not None and generated and generated + 1 < max_tokens and pos < session.context_length:
+            ahead = chain(step, pos)  # not from the prefill: its token has another shape
         sampled = picker.pick(step.token if not picker.sampler.needs_logits else 0, step.logits)
         yield sampled
         generated += 1
         token = sampled.token
         if generated >= max_tokens or token in stop_ids or pos >= session.context_length or picker.done:
             return  # no step is run for a token that will not be continued
-        step = session.decode(token, pos)
+        step = ahead if ahead is not None else session.decode(token, pos)
+        ahead = None
         pos += 1
 
 
