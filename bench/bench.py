@@ -116,19 +116,26 @@ def worker_zinc(spec: Json) -> Json:
         prefill[name] = time.perf_counter() - t0
 
     tok = session.prefill(decode_prompt).token
-    generated = [tok]
-    pos = len(decode_prompt)
-    t0 = time.perf_counter()
-    for _ in range(int(spec["decode_tokens"])):
-        tok = session.decode(tok, pos).token
-        generated.append(tok)
-        pos += 1
-    decode_s = time.perf_counter() - t0
+    tokens, decode_s = chained_decode(session, tok, len(decode_prompt), int(spec["decode_tokens"]))
+    generated = [tok, *tokens]
     memory = peak_memory()  # the same work as llama.cpp's run: model, tokenizer, KV cache, calls
     constrained = _constrained_decode(session, tokenizer, spec) if spec.get("constrained_tokens") else None
     with_matcher = peak_memory()["vmhwm_mib"] if constrained else None
     return {"cold": cold, "prefill_s": prefill, "decode_s": decode_s, "generated": generated,
             "constrained": constrained, **memory, "vmhwm_constrained_mib": with_matcher}  # fmt: skip
+
+
+def chained_decode(session: Any, token: int, pos: int, n: int) -> tuple[list[int], float]:
+    """`n` greedy tokens after `token` at `pos`, and their time: each step enqueued before the one
+    before it is read (ModelSession.decode_after), as `zinc serve` and `zinc --prompt` run them."""
+    out: list[int] = []
+    t0 = time.perf_counter()
+    step = session.decode(token, pos)
+    for i in range(1, n + 1):
+        ahead = session.decode_after(step, pos + i) if i < n else None
+        out.append(step.token)
+        step = ahead
+    return out, time.perf_counter() - t0
 
 
 def _constrained_decode(session: Any, tokenizer: Any, spec: Json) -> Json:

@@ -9,7 +9,10 @@ runs of zinc's engine (bench.py's zinc worker: cold start, prefill of a 512-toke
 decode, peak resident memory) alternating with llama.cpp's own `llama-bench` (`-p 512 -n N -t 2`,
 built from the newest source: `scripts/bench-sizes` builds it; its peak memory from wait4). The
 report gives medians, the ratios, and the decode ceiling: the host's read bandwidth over the bytes
-a token reads (every weight but the embedding table, which a token reads one row of). Then, with
+a token reads (every weight but the embedding table, which a token reads one row of). The host's
+bandwidth drifts (30-50 GB/s within minutes here), so it is measured again before each run, and
+each run's decode is set against its own ceiling. zinc's decode steps are chained as `zinc serve`
+runs them (each enqueued before the token of the one before is read: bench.chained_decode). Then, with
 --streams N (8 by default; 0: none), `zinc serve --parallel N` and llama.cpp's own `llama-server
 -np N` (the same build) one after the other: one stream's and N concurrent streams' aggregate
 tok/s, --runs runs each (bench_streams.py, which says how). It replaces
@@ -37,7 +40,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench
 from bench_streams import compare
 from report import replace_section
 
-from bench import THREADS, cpu_info, make_prompts, measure_bandwidth, run_worker, say
+from bench import THREADS, chained_decode, cpu_info, make_prompts, measure_bandwidth, run_worker, say
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Sizes"
@@ -91,12 +94,8 @@ def worker_long(spec: Json) -> Json:
     t0 = time.perf_counter()
     tok = session.prefill(ids).token
     prefill_s = time.perf_counter() - t0
-    pos = len(ids)
-    t0 = time.perf_counter()
-    for _ in range(n_decode):
-        tok = session.decode(tok, pos).token
-        pos += 1
-    return {"prefill": len(ids) / prefill_s, "decode": n_decode / (time.perf_counter() - t0)}
+    _, decode_s = chained_decode(session, tok, len(ids), n_decode)
+    return {"prefill": len(ids) / prefill_s, "decode": n_decode / decode_s}
 
 
 def bench_long(name: str, quant: str, runs: int, n_decode: int, llama_bin: Path | None, long: int) -> Json:
@@ -154,6 +153,7 @@ def bench_model(
             for kind in ("zinc", "llama") if i % 2 == 0 else ("llama", "zinc"):
                 if kind == "llama" and llama_bin is None:
                     continue
+                run_bw = measure_bandwidth(repeats=3)[f"gbps_{THREADS}t"]
                 if kind == "zinc":
                     r = run_worker("zinc", {**spec, "cache_dir": str(tmp / "cache")}, tmp, env)
                     row = {"prefill": PROMPT / r["prefill_s"][str(PROMPT)], "decode": n_decode / r["decode_s"],
@@ -161,9 +161,10 @@ def bench_model(
                 else:
                     assert llama_bin is not None
                     row = llama_bench(llama_bin / "llama-bench", gguf, n_decode)
+                row["bw_gbps"] = run_bw
                 out[kind].append(row)
                 say(f"  run {i + 1} {kind}: prefill {row['prefill']:.1f} tok/s, decode {row['decode']:.2f} tok/s, "
-                    f"peak {row['maxrss_mib']:.0f} MiB")  # fmt: skip
+                    f"peak {row['maxrss_mib']:.0f} MiB, bandwidth {run_bw:.1f} GB/s")  # fmt: skip
         if streams:
             server = llama_bin / "llama-server" if llama_bin is not None else None
             if server is not None and not server.exists():
@@ -177,6 +178,20 @@ def bench_model(
 def med(rows: list[Json], key: str) -> float | None:
     vals = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(vals) if vals else None
+
+
+def of_ceiling(m: Json, kind: str) -> float | None:
+    """The median over `kind`'s runs of each run's decode over its own ceiling (the bandwidth
+    measured before it over the bytes a token reads); runs without a bandwidth use the report's."""
+    bpt = m["bytes_per_token"]
+    vals = [r["decode"] / (r["bw_gbps"] * 1e9 / bpt if r.get("bw_gbps") else m["ceiling_tok_s"]) for r in m[kind]]
+    return statistics.median(vals) if vals else None
+
+
+def ceiling(m: Json) -> float:
+    """tok/s at the median of the runs' bandwidths (the report's where no run has one)."""
+    bws = [r["bw_gbps"] for r in m["zinc"] + m["llama"] if r.get("bw_gbps")]
+    return statistics.median(bws) * 1e9 / m["bytes_per_token"] if bws else float(m["ceiling_tok_s"])
 
 
 def render(data: Json, title: str = SECTION) -> str:
@@ -193,21 +208,27 @@ def render(data: Json, title: str = SECTION) -> str:
         f"Real-shape models (fixtures/real_shapes.py: real releases' shapes and quant mixes, seeded random weights), "
         f"{data['date']}, {data['cpu'].get('model', 'CPU')}, {THREADS} threads for both, medians of {data['runs']} "
         f"runs alternating zinc and llama.cpp (`llama-bench` {data.get('llama_build') or '-'}). Ratios are zinc over "
-        "llama.cpp (memory: llama.cpp over zinc, so above 1 is better for zinc everywhere). The ceiling is the "
-        f"measured read bandwidth ({data['bandwidth_gbps']:.1f} GB/s, {THREADS} threads) over the bytes a token reads.",
+        "llama.cpp (memory: llama.cpp over zinc, so above 1 is better for zinc everywhere). zinc's decode steps run "
+        "chained, as `zinc serve` runs them (each enqueued before the one before it is read). The ceiling is the read "
+        f"bandwidth ({THREADS} threads, numpy sums, best of 3) over the bytes a token reads; the host's bandwidth "
+        f"drifts ({data['bandwidth_gbps']:.1f} GB/s at the start of this run), so it is measured before each run: "
+        "the ceiling column is at the runs' median bandwidth, and each engine's share is the median of its runs' "
+        "decode over their own ceilings.",
         "",
-        "| model | size | decode tok/s zinc | llama.cpp | ratio | ceiling | zinc / ceiling | prefill 512 zinc | "
-        "llama.cpp | ratio | peak RSS MiB zinc | llama.cpp | ratio | compile s | compile peak MiB | cold start s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | size | decode tok/s zinc | llama.cpp | ratio | ceiling | zinc / ceiling | llama.cpp / ceiling | "
+        "prefill 512 zinc | llama.cpp | ratio | peak RSS MiB zinc | llama.cpp | ratio | compile s | compile peak MiB | "
+        "cold start s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
     for m in data["models"]:
         z, ll = m["zinc"], m["llama"]
         zd, ld, zp, lp = med(z, "decode"), med(ll, "decode"), med(z, "prefill"), med(ll, "prefill")
         zm, lm = med(z, "maxrss_mib"), med(ll, "maxrss_mib")
-        ceil = m["ceiling_tok_s"]
+        zc, lc = of_ceiling(m, "zinc"), of_ceiling(m, "llama")
         lines.append(
             f"| {m['model']} {m['quant']} | {m['file_bytes'] / 1e9:.2f} GB | {f(zd, 2)} | {f(ld, 2)} | {r(zd, ld)} | "
-            f"{f(ceil, 2)} | {f(100 * zd / ceil if zd else None, 0)}% | {f(zp)} | {f(lp)} | {r(zp, lp)} | "
+            f"{f(ceiling(m), 2)} | {f(100 * zc if zc else None, 0)}% | {f(100 * lc if lc else None, 0)}% | "
+            f"{f(zp)} | {f(lp)} | {r(zp, lp)} | "
             f"{f(zm, 0)} | {f(lm, 0)} | {r(zm, lm, lower=True)} | {m['compile']['total_s']:.1f} | "
             f"{m['compile']['vmhwm_mib']:.0f} | {f(med(z, 'cold_s'), 2)} |"
         )
@@ -326,7 +347,7 @@ def main() -> int:
     ap.add_argument("--models", default="llama-3.2-1b,llama-3.1-8b")
     ap.add_argument("--quant", default="Q4_0")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--decode-tokens", type=int, default=32)
+    ap.add_argument("--decode-tokens", type=int, default=64)
     ap.add_argument(
         "--llama-bin",
         type=Path,
