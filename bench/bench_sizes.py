@@ -11,7 +11,7 @@ built from the newest source: `scripts/bench-sizes` builds it; its peak memory f
 report gives medians, the ratios, and the decode ceiling: the host's read bandwidth over the bytes
 a token reads (every weight but the embedding table, which a token reads one row of). The host's
 bandwidth drifts (30-50 GB/s within minutes here), so it is measured again before each run, and
-each run's decode is set against its own ceiling. zinc's decode steps are chained as `zinc serve`
+the ceiling is at the median of those measurements. zinc's decode steps are chained as `zinc serve`
 runs them (each enqueued before the token of the one before is read: bench.chained_decode). Then, with
 --streams N (8 by default; 0: none), `zinc serve --parallel N` and llama.cpp's own `llama-server
 -np N` (the same build) one after the other: one stream's and N concurrent streams' aggregate
@@ -180,16 +180,9 @@ def med(rows: list[Json], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-def of_ceiling(m: Json, kind: str) -> float | None:
-    """The median over `kind`'s runs of each run's decode over its own ceiling (the bandwidth
-    measured before it over the bytes a token reads); runs without a bandwidth use the report's."""
-    bpt = m["bytes_per_token"]
-    vals = [r["decode"] / (r["bw_gbps"] * 1e9 / bpt if r.get("bw_gbps") else m["ceiling_tok_s"]) for r in m[kind]]
-    return statistics.median(vals) if vals else None
-
-
 def ceiling(m: Json) -> float:
-    """tok/s at the median of the runs' bandwidths (the report's where no run has one)."""
+    """tok/s at the median of the bandwidths measured before the runs (the report's one figure
+    where no run has its own)."""
     bws = [r["bw_gbps"] for r in m["zinc"] + m["llama"] if r.get("bw_gbps")]
     return statistics.median(bws) * 1e9 / m["bytes_per_token"] if bws else float(m["ceiling_tok_s"])
 
@@ -211,9 +204,8 @@ def render(data: Json, title: str = SECTION) -> str:
         "llama.cpp (memory: llama.cpp over zinc, so above 1 is better for zinc everywhere). zinc's decode steps run "
         "chained, as `zinc serve` runs them (each enqueued before the one before it is read). The ceiling is the read "
         f"bandwidth ({THREADS} threads, numpy sums, best of 3) over the bytes a token reads; the host's bandwidth "
-        f"drifts ({data['bandwidth_gbps']:.1f} GB/s at the start of this run), so it is measured before each run: "
-        "the ceiling column is at the runs' median bandwidth, and each engine's share is the median of its runs' "
-        "decode over their own ceilings.",
+        f"drifts ({data['bandwidth_gbps']:.1f} GB/s at the start of this run), so it is measured before each of "
+        "the runs, zinc's and llama.cpp's, and the ceiling is at the median of those measurements.",
         "",
         "| model | size | decode tok/s zinc | llama.cpp | ratio | ceiling | zinc / ceiling | llama.cpp / ceiling | "
         "prefill 512 zinc | llama.cpp | ratio | peak RSS MiB zinc | llama.cpp | ratio | compile s | compile peak MiB | "
@@ -224,10 +216,10 @@ def render(data: Json, title: str = SECTION) -> str:
         z, ll = m["zinc"], m["llama"]
         zd, ld, zp, lp = med(z, "decode"), med(ll, "decode"), med(z, "prefill"), med(ll, "prefill")
         zm, lm = med(z, "maxrss_mib"), med(ll, "maxrss_mib")
-        zc, lc = of_ceiling(m, "zinc"), of_ceiling(m, "llama")
+        ceil = ceiling(m)
         lines.append(
             f"| {m['model']} {m['quant']} | {m['file_bytes'] / 1e9:.2f} GB | {f(zd, 2)} | {f(ld, 2)} | {r(zd, ld)} | "
-            f"{f(ceiling(m), 2)} | {f(100 * zc if zc else None, 0)}% | {f(100 * lc if lc else None, 0)}% | "
+            f"{f(ceil, 2)} | {f(100 * zd / ceil if zd else None, 0)}% | {f(100 * ld / ceil if ld else None, 0)}% | "
             f"{f(zp)} | {f(lp)} | {r(zp, lp)} | "
             f"{f(zm, 0)} | {f(lm, 0)} | {r(zm, lm, lower=True)} | {m['compile']['total_s']:.1f} | "
             f"{m['compile']['vmhwm_mib']:.0f} | {f(med(z, 'cold_s'), 2)} |"
