@@ -628,7 +628,9 @@ def render(data: Json, notes: str) -> str:
         "after `reset()`), timed until the greedy next token is on the host; tok/s = prompt length / time. "
         "Both engines get the same token ids (repeated English text, cut to length).",
         f"- **Decode:** after prefilling the {data['decode_prompt_len']}-token prompt, {n_decode} single-token steps "
-        "(zinc `session.decode`, llama.cpp `eval([token])` + argmax of the logits), timed together.",
+        "(zinc `session.decode`, then `session.decode_after`: each step is enqueued before the token of the one "
+        "before is read, as `zinc serve` and `zinc --prompt` run them; llama.cpp `eval([token])` + argmax of the "
+        "logits), timed together.",
         "- **Cold start:** wall time from spawning a new Python process to the first generated token of a "
         f"{COLD_PROMPT_TOKENS}-token prompt, with the compiled artifact already cached and the model file in the "
         "page cache: interpreter start, imports, opening the model (zinc: cache lookup, loading the vmfb "
