@@ -12,8 +12,8 @@ call, CPU artifacts), `decode_batch` (one token for each of up to max(batch_size
 padded to a compiled bucket; it returns once enqueued, and reading the step waits for it) and
 `decode_next` (the step after one of those, fed its greedy tokens on the device, so it can be
 enqueued before that one is read), each given the slots of the positions it reads and writes;
-`prefill` / `decode` / `decode_after` (`decode_next`'s single-sequence form) are the single-sequence forms with slot = position; `embed` (pooling models'
-artifacts) returns a whole input's final hidden states from one call that neither reads nor writes
+`prefill` / `decode` / `decode_after` (`decode_next`'s single-sequence form) are the
+single-sequence forms with slot = position; `embed` (pooling models' artifacts) returns a whole input's final hidden states from one call that neither reads nor writes
 the slab, `embed_packed` those of several short inputs from one call (CPU artifacts); `warm_up` runs one prefill and one decode step before a server says it is ready. Only the greedy tokens
 (4 bytes each) cross back to the host unless the caller asks for logits. `layer_major` puts rows
 held in the slab's order into kv_write's ([L, 2, T, Hkv, hd]).

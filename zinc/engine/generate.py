@@ -4,10 +4,11 @@ Owns: `TokenPicker` (the per-token choice, shared with the batching scheduler), 
 the single-sequence generation loop used by the CLI (greedy steps chained on the device where the
 session has `decode_after`) and the benchmarks, and `generate_ids` (the same, ids only).
 Greedy decoding reads back only the device's argmax; other samplers, a grammar constraint and
-logprobs read the step's logits. Per token, in this order: the constraint's mask is applied to the (adjusted) logits and the sampler
-picks a token; the constraint accepts it; its logprobs (log-softmax of the raw logits, with the
-top `logprobs` alternatives) are computed when asked for. Stops at `max_tokens`, at an
-end-of-generation id, when the constraint is complete, or when the context is full.
+logprobs read the step's logits. Per token, in this order: the constraint's mask is applied to
+the (adjusted) logits and the sampler picks a token; the constraint accepts it; its logprobs
+(log-softmax of the raw logits, with the top `logprobs` alternatives) are computed when asked for.
+Stops at `max_tokens`, at an end-of-generation id, when the constraint is complete, or when the
+context is full.
 Imports: zinc.runtime (session, sampling), zinc.errors, numpy.
 """
 
@@ -126,13 +127,13 @@ def generate_tokens(
     ahead: Step | None = None  # the step at `pos`, already enqueued
     while True:
         if chain is not None and generated and generated + 1 < max_tokens and pos < session.context_length:
-            ahead = chain(step, pos)  # not from the prefill: its token has another shape
+            ahead = chain(step, pos)  # from decode steps: the prefill call has already waited for its token
         sampled = picker.pick(step.token if not picker.sampler.needs_logits else 0, step.logits)
         yield sampled
         generated += 1
         token = sampled.token
         if generated >= max_tokens or token in stop_ids or pos >= session.context_length or picker.done:
-            return  # no step is run for a token that will not be continued
+            return  # no step is run past max_tokens or the context (a chained one may be, for a stop id)
         step = ahead if ahead is not None else session.decode(token, pos)
         ahead = None
         pos += 1
