@@ -115,9 +115,7 @@ def worker_zinc(spec: Json) -> Json:
         _ = session.prefill(ids).token  # reading the greedy token waits for the device
         prefill[name] = time.perf_counter() - t0
 
-    tok = session.prefill(decode_prompt).token
-    tokens, decode_s = chained_decode(session, tok, len(decode_prompt), int(spec["decode_tokens"]))
-    generated = [tok, *tokens]
+    _, generated, decode_s = greedy_run(session, decode_prompt, int(spec["decode_tokens"]))
     memory = peak_memory()  # the same work as llama.cpp's run: model, tokenizer, KV cache, calls
     constrained = _constrained_decode(session, tokenizer, spec) if spec.get("constrained_tokens") else None
     with_matcher = peak_memory()["vmhwm_mib"] if constrained else None
@@ -125,17 +123,18 @@ def worker_zinc(spec: Json) -> Json:
             "constrained": constrained, **memory, "vmhwm_constrained_mib": with_matcher}  # fmt: skip
 
 
-def chained_decode(session: Any, token: int, pos: int, n: int) -> tuple[list[int], float]:
-    """`n` greedy tokens after `token` at `pos`, and their time: each step enqueued before the one
-    before it is read (ModelSession.decode_after), as `zinc serve` and `zinc --prompt` run them."""
-    out: list[int] = []
+def greedy_run(session: Any, prompt: list[int], n: int) -> tuple[float, list[int], float]:
+    """`generate_ids` as `zinc --prompt` runs it (each decode step enqueued before the token of the
+    one before is read): the prompt's prefill to its greedy token and its time, then `n` more
+    tokens and their time."""
+    from zinc.engine.generate import generate_ids
+
+    tokens = generate_ids(session, prompt, n + 1)
     t0 = time.perf_counter()
-    step = session.decode(token, pos)
-    for i in range(1, n + 1):
-        ahead = session.decode_after(step, pos + i) if i < n else None
-        out.append(step.token)
-        step = ahead
-    return out, time.perf_counter() - t0
+    out = [next(tokens)]
+    t1 = time.perf_counter()
+    out += tokens
+    return t1 - t0, out, time.perf_counter() - t1
 
 
 def _constrained_decode(session: Any, tokenizer: Any, spec: Json) -> Json:
@@ -628,9 +627,9 @@ def render(data: Json, notes: str) -> str:
         "after `reset()`), timed until the greedy next token is on the host; tok/s = prompt length / time. "
         "Both engines get the same token ids (repeated English text, cut to length).",
         f"- **Decode:** after prefilling the {data['decode_prompt_len']}-token prompt, {n_decode} single-token steps "
-        "(zinc `session.decode`, then `session.decode_after`: each step is enqueued before the token of the one "
-        "before is read, as `zinc serve` and `zinc --prompt` run them; llama.cpp `eval([token])` + argmax of the "
-        "logits), timed together.",
+        "(zinc `generate_ids`, as `zinc --prompt` runs it: `session.decode`, then `session.decode_after`, each step "
+        "enqueued before the token of the one before is read, as `zinc serve` runs them too; llama.cpp "
+        "`eval([token])` + argmax of the logits), timed together.",
         "- **Cold start:** wall time from spawning a new Python process to the first generated token of a "
         f"{COLD_PROMPT_TOKENS}-token prompt, with the compiled artifact already cached and the model file in the "
         "page cache: interpreter start, imports, opening the model (zinc: cache lookup, loading the vmfb "

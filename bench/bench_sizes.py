@@ -12,7 +12,7 @@ report gives medians, the ratios, and the decode ceiling: the host's read bandwi
 a token reads (every weight but the embedding table, which a token reads one row of). The host's
 bandwidth drifts (30-50 GB/s within minutes here), so it is measured again before each run, and
 the ceiling is at the median of those measurements. zinc's decode steps are chained as `zinc serve`
-runs them (each enqueued before the token of the one before is read: bench.chained_decode). Then, with
+runs them (each enqueued before the token of the one before is read: bench.greedy_run). Then, with
 --streams N (8 by default; 0: none), `zinc serve --parallel N` and llama.cpp's own `llama-server
 -np N` (the same build) one after the other: one stream's and N concurrent streams' aggregate
 tok/s, --runs runs each (bench_streams.py, which says how). It replaces
@@ -32,7 +32,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench
 from bench_streams import compare
 from report import replace_section
 
-from bench import THREADS, chained_decode, cpu_info, make_prompts, measure_bandwidth, run_worker, say
+from bench import THREADS, cpu_info, greedy_run, make_prompts, measure_bandwidth, run_worker, say
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Sizes"
@@ -91,10 +90,7 @@ def worker_long(spec: Json) -> Json:
     tok = session.prefill(ids[:64]).token  # warm-up: each entry point's first call pays one-time costs
     for i in range(4):
         tok = session.decode(tok, 64 + i).token
-    t0 = time.perf_counter()
-    tok = session.prefill(ids).token
-    prefill_s = time.perf_counter() - t0
-    _, decode_s = chained_decode(session, tok, len(ids), n_decode)
+    prefill_s, _, decode_s = greedy_run(session, ids, n_decode)
     return {"prefill": len(ids) / prefill_s, "decode": n_decode / decode_s}
 
 
