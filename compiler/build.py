@@ -13,6 +13,7 @@ Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from zinc.artifact import (
+    COPY_PLANE,
     FORMAT_VERSION,
     MANIFEST,
     KVCacheGeometry,
@@ -86,6 +88,12 @@ class Plan:
     vulkan_target: str = GENERIC  # IREE's Vulkan GPU target (zinc.compiler.targets.VULKAN_TARGETS)
     pooling: str | None = None  # the operator's pooling (`zinc serve --embeddings`); None: the GGUF's
     cpu_features: frozenset[str] = frozenset()  # on the CPU: the ISA features the code may use
+    copied: tuple[str, ...] = ()  # GGUF tensors bound from an aligned copy in the .irpa (`misaligned`)
+
+    @property
+    def archive(self) -> bool:
+        """Whether the artifact carries `weights.irpa` (repacked weights or aligned copies)."""
+        return bool(self.repacked or self.copied)
 
 
 def _source_digest() -> str:
@@ -151,6 +159,23 @@ def _use_dot8(target: str) -> bool:
     return check_target(target) == "cpu" and dot8.enabled()
 
 
+# IREE's local-task driver (zinc's CPU device) maps a parameter in place only where its bytes start at
+# a multiple of 64 in the file; otherwise it reads it into memory of its own while loading. GGUF
+# aligns tensors to 32 bytes.
+PARAM_ALIGN = 64
+COPY_MIN_BYTES = 1 << 20  # a smaller misaligned tensor (a norm's weights) is left to IREE's copy
+
+
+def misaligned(gguf: GGUFModel) -> frozenset[str]:
+    """The GGUF tensors of at least COPY_MIN_BYTES that IREE could not map in place. A CPU artifact
+    binds those it reads as they are (not repacked) from a copy in its .irpa instead: Llama 3.2
+    1B's token embeddings (205 MiB, a few rows read a step) otherwise cost their whole size twice
+    in resident memory, IREE's copy and the file pages it was read from."""
+    return frozenset(
+        name for name, t in gguf.tensors.items() if t.offset % PARAM_ALIGN and t.n_bytes >= COPY_MIN_BYTES
+    )
+
+
 def plan(
     gguf_path: str | os.PathLike[str], target: str, batch_sizes: tuple[int, ...] | None = None,
     vulkan_target: str = GENERIC, pooling: str | None = None,
@@ -169,19 +194,33 @@ def plan(
         kv_write_parallel=kind == "vulkan",
         index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
         gemm=prefill_gemm(vulkan_target) if kind == "vulkan" else None,
+        copies=misaligned(gguf) if kind == "cpu" else frozenset(),  # Vulkan uploads every weight anyway
     )
     pause_point("emit")  # tests/faults: killed while the MLIR is generated
     return Plan(gguf=gguf, target=target, mlir=mod.text("zinc_model"), flags=_flags(target, vulkan_target),
                 repacked=dict(mod.repacked), batch_sizes=buckets, kv_dtype=mod.kv_dtype,
                 vulkan_target=vulkan_target if kind == "vulkan" else GENERIC, pooling=pooling,
-                cpu_features=target_cpu_flags() if kind == "cpu" else frozenset())  # fmt: skip
+                cpu_features=target_cpu_flags() if kind == "cpu" else frozenset(),
+                copied=tuple(sorted(mod.copied)))  # fmt: skip
 
 
 def _write_repacked(p: Plan, directory: Path) -> None:
     """Repack the tiled weights into `weights.irpa` in `directory` (a byte shuffle, no requantizing),
-    one weight at a time."""
-    if p.repacked:
-        write_parameter_archive(directory / REPACKED_ARCHIVE, _repacked_planes(p))
+    one weight at a time, then copy the misaligned tensors' bytes."""
+    if p.archive:
+        write_parameter_archive(directory / REPACKED_ARCHIVE, itertools.chain(_repacked_planes(p), _copies(p)))
+
+
+COPY_CHUNK = 64 << 20
+
+
+def _copies(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any], int]]:
+    """The bytes of each tensor in `p.copied`, unchanged, in chunks of COPY_CHUNK bytes."""
+    for name in p.copied:
+        info = p.gguf.tensors[name]
+        raw = read_tensor_bytes(p.gguf.path, info)
+        for at in range(0, info.n_bytes, COPY_CHUNK):
+            yield f"{name}.{COPY_PLANE}", raw[at : at + COPY_CHUNK], info.n_bytes
 
 
 REPACK_ROWS = 2048  # at most this many rows of a weight repacked at a time
@@ -234,15 +273,16 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
             vmfb=f"model.{p.target}.vmfb",
             vmfb_sha256=sha256_bytes(vmfb),
             mlir_sha256=sha256_bytes(p.mlir.encode()),
-            parameter_archives=[REPACKED_ARCHIVE] if p.repacked else [],
+            parameter_archives=[REPACKED_ARCHIVE] if p.archive else [],
             kv_cache=KVCacheGeometry(dtype=p.kv_dtype),
             cpu_features=sorted(p.cpu_features),
         )
         return manifest, vmfb
 
     def repack(tmp: Path) -> None:
-        if p.repacked:
-            say(f"repacking {len(p.repacked)} weights into {REPACKED_ARCHIVE}")
+        if p.archive:
+            say(f"repacking {len(p.repacked)} weights into {REPACKED_ARCHIVE}"
+                + (f", with {len(p.copied)} copied" if p.copied else ""))  # fmt: skip
             _write_repacked(p, tmp)
 
     extra = {"model.mlir": p.mlir} if keep_ir else None

@@ -1,6 +1,7 @@
 """A small MLIR text builder: globals, deduplicated helper functions, and an entry body.
 
-Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, private helper functions rendered
+Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, or by the .irpa copy of one that
+IREE could not map in place, `copies`; private helper functions rendered
 once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
 right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension. On
 the CPU the argmax, RMSNorm (alone or with the residual add before it) and q's RoPE are
@@ -11,7 +12,7 @@ body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv
 (zinc.compiler.kv_prefetch) and gets the slab, the rows' slots and lengths as operands. RoPE's
 cos/sin table is computed once per step; with Llama 3's per-pair frequency factors its
 frequencies are a constant (`rope_freqs`), so models without them keep the same MLIR.
-Imports: zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
+Imports: zinc.artifact (COPY_PLANE), zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
 weight layouts), zinc.compiler.gemm, zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch,
 zinc.mlir templates.
 """
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from zinc.artifact import COPY_PLANE
 from zinc.compiler import dot8, tiled
 from zinc.compiler.attention_prefill import render_prefill_attention
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
@@ -79,7 +81,9 @@ def _argmax_indices(blocks: int, block: int, iotas: bool) -> dict[str, str]:
 class ModuleEmitter:
     """Collects the text of one MLIR module."""
 
-    def __init__(self, tiled: bool = False, dot8: bool = False, index_inputs: bool = False) -> None:
+    def __init__(
+        self, tiled: bool = False, dot8: bool = False, index_inputs: bool = False, copies: frozenset[str] = frozenset()
+    ) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
         # the linalg matmuls read their loop indices from iota inputs (Vulkan GPU targets with
@@ -89,16 +93,22 @@ class ModuleEmitter:
         self.kv_dtype = "f16" if tiled else "f16x2"
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
         self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]] = {}
+        # GGUF tensors to bind from an aligned copy of their bytes in the .irpa (`param`), and those bound so
+        self.copies = copies
+        self.copied: set[str] = set()
         self.globals: dict[str, str] = {}  # symbol -> declaration
         self.funcs: dict[str, str] = {}  # symbol -> private helper text
         self.entries: list[str] = []
 
     def param(self, gguf_name: str, mlir_type: str) -> str:
-        """A weight bound at run time from the parameter archive; returns its global symbol."""
+        """A weight bound at run time from the parameter archive; returns its global symbol. A
+        tensor in `copies` is bound from its copy in the .irpa (`<tensor>.gguf`, COPY_PLANE)."""
+        key = gguf_name
+        if gguf_name in self.copies:
+            key = f"{gguf_name}.{COPY_PLANE}"
+            self.copied.add(gguf_name)
         sym = "w_" + re.sub(r"[^A-Za-z0-9_]", "_", gguf_name)
-        self.globals[sym] = (
-            f'util.global private @{sym} = #flow.parameter.named<"model"::"{gguf_name}"> : {mlir_type}'
-        )
+        self.globals[sym] = f'util.global private @{sym} = #flow.parameter.named<"model"::"{key}"> : {mlir_type}'
         return sym
 
     def layout(self, q: QuantType, n: int, k: int) -> str | None:

@@ -115,6 +115,7 @@ def emit_module(
     kv_write_parallel: bool = False,
     index_inputs: bool = False,
     gemm: tuple[int, str] | None = None,
+    copies: frozenset[str] = frozenset(),
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
@@ -122,8 +123,9 @@ def emit_module(
     `kv_write_parallel` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
     with subgroups (zinc.compiler.kernels.with_index_inputs); `gemm` (rows, operand type): the
     prefill entries' matmuls as a dequantization and a GEMM over chunks padded to that many rows
-    (zinc.compiler.gemm; Vulkan)."""
-    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs)
+    (zinc.compiler.gemm; Vulkan); `copies`: GGUF tensors bound from an aligned copy in the .irpa
+    (ModuleEmitter.copies)."""
+    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies)
     mod.entries.append(_Entry(mod, desc, batch=0, gemm=gemm).text("prefill"))
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True, gemm=gemm).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import iree.runtime as rt
 
-from zinc.artifact import KV_DTYPES
+from zinc.artifact import COPY_PLANE, KV_DTYPES
 from zinc.errors import InsufficientMemoryError, ZincError
 from zinc.model.gguf_file import GGUFModel
 from zinc.model.hparams import HParams
@@ -88,17 +88,20 @@ def parse_size(text: str) -> int:
 def weights_bytes(gguf: GGUFModel, archives: Sequence[Path] = ()) -> int:
     """The bytes of weights a module binds: its `.irpa` archives whole, and the GGUF tensors that
     none of their entries repacks (an entry is `<tensor>[+<tensor>...].<plane>`), plus those
-    bound as they are anyway (`ALWAYS_BOUND`). Without archives (not compiled yet), every GGUF
+    bound as they are anyway (`ALWAYS_BOUND`) unless an archive holds their copy. Without archives (not compiled yet), every GGUF
     tensor: the archives are a byte shuffle of the tensors they replace, or larger (Q4_K by a third, Q6_K by 1%)."""
     replaced: set[str] = set()
+    copied: set[str] = set()  # bound from their copy in an archive (zinc.artifact.COPY_PLANE), never the GGUF
     total = 0
     for path in archives:
         index = rt.ParameterIndex()
         index.load(str(path))  # mapped: only the index is read
         for key, _ in index.items():
-            replaced.update(key.rsplit(".", 1)[0].split("+"))
+            tensors, plane = key.rsplit(".", 1)
+            (copied if plane == COPY_PLANE else replaced).update(tensors.split("+"))
         total += path.stat().st_size
     replaced.difference_update(ALWAYS_BOUND)
+    replaced.update(copied)
     return total + sum(t.n_bytes for name, t in gguf.tensors.items() if name not in replaced)
 
 

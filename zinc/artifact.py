@@ -52,6 +52,8 @@ FORMAT_VERSION = 7
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
 PREFILL_ROWS = 128  # prompt tokens per prefill call (a Vulkan GPU target's prefill pads its chunk to it)
+# an .irpa entry `<tensor>.gguf` holds a GGUF tensor's bytes unchanged, at an offset IREE maps in place
+COPY_PLANE = "gguf"
 CTX_ALIGN = 16  # a step's ctx width (so its S) is a multiple of this: the CPU's prefill attention reads keys in blocks of 16
 
 
