@@ -2,7 +2,7 @@
 
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
 entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives
-of repacked weights, and the size (and, but for an archive, the sha256) of every file it vouches
+of repacked weights and of aligned copies (`COPY_PLANE`), and the size (and, but for an archive, the sha256) of every file it vouches
 for), `kv_storage` (how the slab of each KV type is stored: compiler and runtime agree through
 it), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not
 understand, what is missing or partly written, and what does not match the GGUF it is used with,
@@ -102,7 +102,7 @@ class Manifest:
     vmfb: str  # file name inside the artifact directory
     vmfb_sha256: str
     mlir_sha256: str
-    parameter_archives: list[str] = field(default_factory=list)  # `.irpa` files of repacked weights
+    parameter_archives: list[str] = field(default_factory=list)  # `.irpa` files: repacked weights, copies
     batch_sizes: list[int] = field(default_factory=lambda: [1])  # decode buckets: entry decode_b{B}
     kv_cache: KVCacheGeometry = field(default_factory=KVCacheGeometry)
     sampling: str = "greedy token computed on the device (argmax); other samplers on the host from logits"
