@@ -208,7 +208,8 @@ def _write_repacked(p: Plan, directory: Path) -> None:
     """Repack the tiled weights into `weights.irpa` in `directory` (a byte shuffle, no requantizing),
     one weight at a time, then copy the misaligned tensors' bytes."""
     if p.archive:
-        write_parameter_archive(directory / REPACKED_ARCHIVE, itertools.chain(_repacked_planes(p), _copies(p)))
+        planes = itertools.chain(_repacked_planes(p), _copies(p))
+        write_parameter_archive(directory / REPACKED_ARCHIVE, planes)
 
 
 COPY_CHUNK = 64 << 20

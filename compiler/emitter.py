@@ -1,8 +1,8 @@
 """A small MLIR text builder: globals, deduplicated helper functions, and an entry body.
 
 Owns: `ModuleEmitter` (parameter globals named by GGUF tensor, or by the .irpa copy of one that
-IREE could not map in place, `copies`; private helper functions rendered
-once from `mlir/` templates, SSA names) and the op helpers that call those templates with the
+IREE could not map in place, `copies`; private helper functions rendered once from `mlir/`
+templates, SSA names) and the op helpers that call those templates with the
 right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) token dimension. On
 the CPU the argmax, RMSNorm (alone or with the residual add before it) and q's RoPE are
 hand-written dispatches over a dynamic row count (`_rows_call`, which casts a one-token body's
@@ -12,9 +12,9 @@ body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv
 (zinc.compiler.kv_prefetch) and gets the slab, the rows' slots and lengths as operands. RoPE's
 cos/sin table is computed once per step; with Llama 3's per-pair frequency factors its
 frequencies are a constant (`rope_freqs`), so models without them keep the same MLIR.
-Imports: zinc.artifact (COPY_PLANE), zinc.compiler.kernels, zinc.compiler.tiled and zinc.compiler.dot8 (the repacked CPU
-weight layouts), zinc.compiler.gemm, zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch,
-zinc.mlir templates.
+Imports: zinc.artifact (COPY_PLANE), zinc.compiler.kernels, zinc.compiler.tiled and
+zinc.compiler.dot8 (the repacked CPU weight layouts), zinc.compiler.gemm,
+zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch, zinc.mlir templates.
 """
 
 from __future__ import annotations
@@ -82,7 +82,11 @@ class ModuleEmitter:
     """Collects the text of one MLIR module."""
 
     def __init__(
-        self, tiled: bool = False, dot8: bool = False, index_inputs: bool = False, copies: frozenset[str] = frozenset()
+        self,
+        tiled: bool = False,
+        dot8: bool = False,
+        index_inputs: bool = False,
+        copies: frozenset[str] = frozenset(),
     ) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
@@ -93,7 +97,7 @@ class ModuleEmitter:
         self.kv_dtype = "f16" if tiled else "f16x2"
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
         self.repacked: dict[str, tuple[tuple[str, ...], QuantType, int, int, str]] = {}
-        # GGUF tensors to bind from an aligned copy of their bytes in the .irpa (`param`), and those bound so
+        # GGUF tensors to bind from an aligned copy of their bytes in the .irpa (`param`); those bound so
         self.copies = copies
         self.copied: set[str] = set()
         self.globals: dict[str, str] = {}  # symbol -> declaration
@@ -108,7 +112,9 @@ class ModuleEmitter:
             key = f"{gguf_name}.{COPY_PLANE}"
             self.copied.add(gguf_name)
         sym = "w_" + re.sub(r"[^A-Za-z0-9_]", "_", gguf_name)
-        self.globals[sym] = f'util.global private @{sym} = #flow.parameter.named<"model"::"{key}"> : {mlir_type}'
+        self.globals[sym] = (
+            f'util.global private @{sym} = #flow.parameter.named<"model"::"{key}"> : {mlir_type}'
+        )
         return sym
 
     def layout(self, q: QuantType, n: int, k: int) -> str | None:

@@ -88,10 +88,11 @@ def parse_size(text: str) -> int:
 def weights_bytes(gguf: GGUFModel, archives: Sequence[Path] = ()) -> int:
     """The bytes of weights a module binds: its `.irpa` archives whole, and the GGUF tensors that
     none of their entries repacks (an entry is `<tensor>[+<tensor>...].<plane>`), plus those
-    bound as they are anyway (`ALWAYS_BOUND`) unless an archive holds their copy. Without archives (not compiled yet), every GGUF
-    tensor: the archives are a byte shuffle of the tensors they replace, or larger (Q4_K by a third, Q6_K by 1%)."""
+    bound as they are anyway (`ALWAYS_BOUND`) unless an archive holds their copy (plane
+    COPY_PLANE). Without archives (not compiled yet), every GGUF tensor: the archives are a byte
+    shuffle of the tensors they replace, or larger (Q4_K by a third, Q6_K by 1%)."""
     replaced: set[str] = set()
-    copied: set[str] = set()  # bound from their copy in an archive (zinc.artifact.COPY_PLANE), never the GGUF
+    copied: set[str] = set()  # bound from their copy in an archive, never from the GGUF
     total = 0
     for path in archives:
         index = rt.ParameterIndex()

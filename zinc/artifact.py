@@ -2,11 +2,12 @@
 
 Owns: `Manifest` (format version, versions, target and flags, the GGUF identity, hyperparameters,
 entry points and decode batch buckets, KV-cache geometry, the vmfb's sha256, the `.irpa` archives
-of repacked weights and of aligned copies (`COPY_PLANE`), and the size (and, but for an archive, the sha256) of every file it vouches
-for), `kv_storage` (how the slab of each KV type is stored: compiler and runtime agree through
-it), `write_artifact` (crash-safe: below), `load_manifest`, which refuses what it does not
-understand, what is missing or partly written, and what does not match the GGUF it is used with,
-`artifact_lock`, and `prefill_rows` (tokens per prefill call on each target).
+of repacked weights and of aligned copies (`COPY_PLANE`), and the size (and, but for an archive,
+the sha256) of every file it vouches for), `kv_storage` (how the slab of each KV type is stored:
+compiler and runtime agree through it), `write_artifact` (crash-safe: below), `load_manifest`,
+which refuses what it does not understand, what is missing or partly written, and what does not
+match the GGUF it is used with, `artifact_lock`, and `prefill_rows` (tokens per prefill call on
+each target).
 
 Crash safety: an artifact is written into a temporary sibling directory (`.NAME.tmp-*`), each file
 fsynced, the manifest last (it names the size of every other file), then the directory

@@ -1,11 +1,12 @@
-"""GGUF tensors that IREE cannot map in place are bound from an aligned copy in the CPU artifact's .irpa.
+"""GGUF tensors that IREE cannot map in place are bound from an aligned copy in a CPU artifact's .irpa.
 
-IREE's local-task driver (zinc's CPU device) uses a parameter's file pages directly only where its
-bytes start at a multiple of 64 (local-sync maps it either way); GGUF aligns tensors to 32 bytes, so about half of them are read into memory of IREE's own
-while the module loads, and the file pages they were read from stay mapped too (Llama 3.2 1B:
-its 205 MiB of token embeddings, of which a step reads a few rows, counted twice). The first test
-pins that premise down with IREE alone; the others check the plan, the archive's bytes, the
-compiled model's logits and the memory estimate with the copies (every misaligned tensor copied).
+IREE's local-task driver (zinc's CPU device) uses a parameter's file pages directly only where
+its bytes start at a multiple of 64 (local-sync maps it either way); GGUF aligns tensors to 32
+bytes, so about half of them are read into memory of IREE's own while the module loads, and the
+file pages they were read from stay mapped too (Llama 3.2 1B: its 205 MiB of token embeddings, of
+which a step reads a few rows, counted twice). The first test pins that premise down with IREE
+alone; the others check the plan, the archive's bytes, the compiled model's logits and the memory
+estimate with the copies (every misaligned tensor copied).
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ def _rss_anon() -> int:
 
 
 @pytest.mark.parametrize(("offset", "copied"), [(64, False), (32, True)], ids=["aligned", "misaligned"])
-def test_iree_copies_a_parameter_only_at_a_misaligned_offset(tmp_path: Path, offset: int, copied: bool) -> None:
+def test_iree_copies_a_parameter_only_at_a_misaligned_offset(
+    tmp_path: Path, offset: int, copied: bool
+) -> None:
     n = 48 * MIB
     vmfb = compile_str(  # synchronous calls (zinc's own flags make them take fences)
         f'util.global private @w = #flow.parameter.named<"model"::"w"> : tensor<{n}xi8>\n'
@@ -57,11 +60,13 @@ def test_iree_copies_a_parameter_only_at_a_misaligned_offset(tmp_path: Path, off
     data.tofile(path)
     index = rt.ParameterIndex()
     mapped = np.memmap(path, dtype=np.uint8, mode="r")
-    index.add_from_file_handle("w", rt.FileHandle.wrap_memory(mapped, readable=True, writable=False), n, offset)
+    handle = rt.FileHandle.wrap_memory(mapped, readable=True, writable=False)
+    index.add_from_file_handle("w", handle, n, offset)
     config = rt.Config("local-task")
     params = rt.create_io_parameters_module(config.vm_instance, index.create_provider(scope="model"))
     before = _rss_anon()
-    context = rt.SystemContext(vm_modules=[params, rt.VmModule.copy_buffer(config.vm_instance, vmfb)], config=config)
+    module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+    context = rt.SystemContext(vm_modules=[params, module], config=config)
     total = int(np.asarray(context.modules.module["total"]().to_host()))  # reads every byte of w
     grown = _rss_anon() - before
     assert total == int(data[offset : offset + n].view(np.int8).sum(dtype=np.int64))
@@ -86,7 +91,10 @@ def test_the_plan_binds_misaligned_tensors_from_their_copy(
 
 
 def test_a_model_with_copies_gives_the_same_logits(
-    tiny_models: dict[str, Path], open_session: SessionFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_models: dict[str, Path],
+    open_session: SessionFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tiny_models[FIXTURE]
     gguf = open_gguf(path)
@@ -104,9 +112,11 @@ def test_a_model_with_copies_gives_the_same_logits(
         _, at = entry.file_storage
         assert entry.length == info.n_bytes and at % build.PARAM_ALIGN == 0
         assert data[at : at + info.n_bytes] == path.read_bytes()[info.offset : info.offset + info.n_bytes]
-    repacked = {t for key in entries for t in key.rsplit(".", 1)[0].split("+") if not key.endswith(COPY_PLANE)}
-    from_gguf = [t for n, t in gguf.tensors.items() if n not in p.copied and (n not in repacked or n in memory.ALWAYS_BOUND)]
-    assert memory.weights_bytes(gguf, [archive]) == archive.stat().st_size + sum(t.n_bytes for t in from_gguf)
+    planes = [key.rsplit(".", 1) for key in entries]
+    repacked = {t for tensors, plane in planes if plane != COPY_PLANE for t in tensors.split("+")}
+    bound = [n for n in gguf.tensors if n not in p.copied and (n not in repacked or n in memory.ALWAYS_BOUND)]
+    from_gguf = sum(gguf.tensors[n].n_bytes for n in bound)
+    assert memory.weights_bytes(gguf, [archive]) == archive.stat().st_size + from_gguf
 
     session = ModelSession(out, path, DEVICES["cpu"](), context_length=512)
     plain = open_session(path, "cpu")  # the cached artifact: no copies
