@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import orjson
@@ -187,6 +188,28 @@ def test_registry_pulls_in_the_background(tmp_path: Path, files: FileServer) -> 
     result = registry.remove("blob")
     assert result.deleted_model and result.deleted_manifest and result.removed_dir
     assert not registry.get("blob").installed  # type: ignore[union-attr]
+
+
+def test_a_model_is_reported_installed_only_when_its_pull_has_ended(tmp_path: Path, files: FileServer) -> None:
+    """The file is moved into place a moment before the pull's phase becomes "done"."""
+    installed_file, release = threading.Event(), threading.Event()
+
+    def downloader(e: CatalogEntry, store: ModelStore, progress: Callable[[int, int], None],
+                   phase: Callable[[str], None]) -> Path:
+        path = download_model(e, store, progress, phase)
+        installed_file.set()
+        release.wait(20)
+        return path
+
+    write_catalog(tmp_path, entry(files.url("blob.gguf")))
+    registry = CatalogRegistry(tmp_path, supported={"llama"}, downloader=downloader)
+    registry.pull("blob")
+    assert installed_file.wait(20)
+    info = registry.get("blob")
+    assert info is not None and info.download.phase == "verifying" and not info.installed
+    release.set()
+    assert registry.wait("blob", timeout=20).phase == "done"
+    assert registry.get("blob").installed  # type: ignore[union-attr]
 
 
 def test_registry_records_a_failed_pull(tmp_path: Path, files: FileServer) -> None:

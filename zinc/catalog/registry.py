@@ -88,6 +88,9 @@ class CatalogRegistry:
     def info(self, entry: CatalogEntry) -> ModelInfo:
         with self._lock:
             download = self._downloads.get(entry.id, DownloadProgress())
+        # A pull moves the file into place a moment before its phase becomes "done": read the
+        # phase first and report the model installed only once its pull has ended, so the two agree.
+        installed = not download.downloading and self.store.is_installed(entry)
         return ModelInfo(
             id=entry.id,
             display_name=entry.display_name,
@@ -97,7 +100,7 @@ class CatalogRegistry:
             size_bytes=entry.size_bytes,
             homepage_url=entry.homepage_url,
             source=entry.source,
-            installed=self.store.is_installed(entry),
+            installed=installed,
             supported=entry.architecture in self._supported,
             required_memory_bytes=entry.size_bytes + entry.kv_bytes_per_token * self.context_length,
             download=download,
