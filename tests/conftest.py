@@ -18,6 +18,7 @@ import pytest
 from fixtures.make_fixtures import FIXTURES, write_fixture
 from zinc.compiler import dot8
 from zinc.compiler.build import ensure_artifact
+from zinc.compiler.targets import compile_mlir, target_flags
 from zinc.errors import GGUFError
 from zinc.model.gguf_file import default_model_path, open_gguf
 from zinc.model.reference import ReferenceModel
@@ -95,6 +96,18 @@ def golden(name: str) -> dict[str, Any]:
         raise FileNotFoundError(f"golden file {path} is missing (fixtures/golden/README.md: how to make it)")
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+_COMPILED: dict[tuple[str, tuple[str, ...]], bytes] = {}
+
+
+def compile_kernel(text: str, target: str, extra_flags: tuple[str, ...] = ()) -> bytes:
+    """`compile_mlir`, once per module text and iree-compile flags in a test run: the kernel tests
+    run one module on both CPU drivers (local-sync and local-task), whose vmfb is the same bytes."""
+    key = (text, (*target_flags(target), *extra_flags))
+    if key not in _COMPILED:
+        _COMPILED[key] = compile_mlir(text, target, extra_flags)
+    return _COMPILED[key]
 
 
 def device_params(*names: str) -> list[object]:

@@ -16,9 +16,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, KERNEL_FORMS
+from tests.conftest import DEVICES, KERNEL_FORMS, compile_kernel
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -69,7 +68,7 @@ def test_greedy_argmax_takes_the_first_largest(vocab: int, device: str, cpu: boo
     spec = DEVICES[device]()
     text = argmax_module(vocab, cpu)
     assert ("argmax_cpu" in text) == (cpu and vocab % 16 == 0)
-    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(text, spec.target), spec.uri)
     x = cases(vocab)
     expect = [scan(r) for r in x]
     got = to_host(mod.fn("rows")(mod.to_device(x)), mod.device)
@@ -83,7 +82,7 @@ def test_greedy_argmax_takes_the_first_largest(vocab: int, device: str, cpu: boo
 def test_greedy_argmax_over_a_large_vocabulary(device: str, cpu: bool) -> None:
     vocab = 262144  # Gemma 3's
     spec = DEVICES[device]()
-    mod = LoadedModule(compile_mlir(argmax_module(vocab, cpu), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(argmax_module(vocab, cpu), spec.target), spec.uri)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((4, vocab)).astype(np.float32) * 3
     x[0, [532, 236764, 236761]] = [20.7, 21.2, 22.2]  # what Vulkan got wrong: the largest late
@@ -104,7 +103,7 @@ def test_the_named_gpu_targets_form_picks_the_same_tokens() -> None:
     for vocab in (50, 262144):
         text = argmax_module(vocab, cpu=False, index_inputs=True)
         assert "= linalg.index" not in text
-        mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+        mod = LoadedModule(compile_kernel(text, spec.target), spec.uri)
         x = cases(vocab)
         expect = [scan(r) for r in x]
         assert to_host(mod.fn("rows")(mod.to_device(x)), mod.device).tolist() == expect

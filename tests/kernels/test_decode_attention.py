@@ -17,10 +17,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from zinc.compiler import paged
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -65,7 +64,7 @@ def reference(cache: np.ndarray, q: np.ndarray, ctx: np.ndarray, kn: np.ndarray,
 def test_decode_attention_matches_numpy(device: str, window: int) -> None:
     spec = DEVICES[device]()
     cpu = spec.target == "cpu"
-    mod = LoadedModule(compile_mlir(attention_module(cpu, window), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(attention_module(cpu, window), spec.target), spec.uri)
     rng = np.random.default_rng(11)
     cache = (rng.standard_normal((SLOTS, L, 2, HKV, HD)) * 2).astype(np.float16)
     lens = np.array([1003, 5, 64], np.int32)  # one long row (many blocks), one inside a block, one whole

@@ -15,11 +15,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from tests.kernels.test_quant_kernels import random_blocks
 from zinc.compiler import dot8
 from zinc.compiler.kernels import QUANT_TYPES
-from zinc.compiler.targets import compile_mlir
 from zinc.errors import ZincError
 from zinc.model.reference import q8_round
 from zinc.runtime.device import to_host
@@ -116,7 +115,7 @@ def test_dot8_kernels_match_dequantize(
             qh = raw.reshape(n, k // 32, 22)[:, :, 2:6].copy().view("<u4")
             assert 0 < np.unpackbits(qh.view(np.uint8)).mean() < 1
         mod = LoadedModule(
-            compile_mlir(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
+            compile_kernel(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
         )
         # activations with outliers, one all-zero block and one block at a single value
         x = (rng.standard_normal((9, k)) * np.exp(2 * rng.standard_normal((9, k)))).astype(np.float32)
@@ -177,7 +176,7 @@ def test_prefetch_changes_no_result(qtype: str, monkeypatch: pytest.MonkeyPatch)
         text = kernel_module(qtype, n, k)
         assert ("memref.prefetch" in text) == (ahead != "0")
         assert ("locality<2>" in text) == (ahead != "0")  # into L2
-        mod = LoadedModule(compile_mlir(text, spec.target), spec.uri, parameter_arrays=planes)
+        mod = LoadedModule(compile_kernel(text, spec.target), spec.uri, parameter_arrays=planes)
         outs.append([to_host(mod.fn(f)(mod.to_device(x[:r])), mod.device) for f, r in (("mv", 1), ("b9", 9), ("mm", 9))])
     for with_prefetch, without in zip(*outs, strict=True):
         assert np.array_equal(with_prefetch, without)

@@ -16,11 +16,10 @@ import functools
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from zinc.compiler import paged
 from zinc.compiler.bitops import f16_bits_to_f32, f32_to_f16_bits
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -99,7 +98,7 @@ def f16_boundary_values() -> np.ndarray:
 @functools.cache
 def compiled(device: str) -> LoadedModule:
     spec = DEVICES[device]()
-    return LoadedModule(compile_mlir(bits_module(), spec.target), spec.uri)
+    return LoadedModule(compile_kernel(bits_module(), spec.target), spec.uri)
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))

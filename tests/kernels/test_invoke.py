@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from iree.compiler import compile_str
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from tests.kernels.test_paged_kernels import L, filled_slab, paged_module, stored
-from zinc.compiler.targets import ASYNC, compile_mlir, target_flags
+from zinc.compiler.targets import ASYNC, target_flags
 from zinc.runtime.device import open_device, to_host
 from zinc.runtime.invoke import Timeline
 from zinc.runtime.module import LoadedModule
@@ -43,7 +43,7 @@ def _fill(mod: LoadedModule, vulkan: bool) -> tuple[object, np.ndarray]:
 def test_submitted_calls_are_done_before_the_next_call_reads(device: str, poll: bool) -> None:
     spec = DEVICES[device]()
     vulkan = spec.target == "vulkan"
-    mod = LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri)
     assert mod.fn("one").fenced and mod.fn("kv_write").fenced
     mod.timeline.exports = not poll
     cache, expect = _fill(mod, vulkan)
@@ -95,7 +95,7 @@ def test_a_wait_works_with_descriptors_past_1024() -> None:
 
 def test_a_call_that_cannot_start_leaves_the_timeline_usable() -> None:
     spec = DEVICES["cpu-task"]()
-    mod = LoadedModule(compile_mlir(paged_module(False, tiled=True), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(paged_module(False, tiled=True), spec.target), spec.uri)
     cache, expect = _fill(mod, vulkan=False)  # 8 writes enqueued, none waited for
     with pytest.raises(ValueError, match="expected 4 arguments but passed 3"):  # the ctx is missing
         mod.fn("one")(cache)
@@ -109,7 +109,7 @@ def test_a_call_that_cannot_start_leaves_the_timeline_usable() -> None:
 
 def test_a_failed_device_call_does_not_fail_the_calls_after_it() -> None:
     spec = DEVICES["cpu-task"]()
-    mod = LoadedModule(compile_mlir(paged_module(False, tiled=True), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(paged_module(False, tiled=True), spec.target), spec.uri)
     cache, expect = _fill(mod, vulkan=False)
     mod.timeline.wait(mod.timeline.submitted)
     mod.timeline.semaphore.fail("a dispatch failed")  # as the device does when a call fails

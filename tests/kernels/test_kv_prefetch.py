@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, compile_kernel
 from zinc.compiler import dot8
 from zinc.compiler.emitter import NO_WINDOW
 from zinc.compiler.graph import emit_module
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.compiler.kv_prefetch import KvPrefetch
-from zinc.compiler.targets import compile_mlir
 from zinc.model.gguf_file import open_gguf
 from zinc.model.hparams import describe
 from zinc.runtime.device import to_host
@@ -69,7 +68,7 @@ def test_prefetching_kernels_give_the_same_bits(window: int) -> None:
     kv = KvPrefetch(layer=1, window=window, layers=2, heads_kv=2, head_dim=64, dtype="f16")
     text = module(kv, dot8.plane_types(q, N, K))
     assert text.count("memref.prefetch %kv_cache") == 2 * 8  # K and V of 2 x 64 f16: 8 lines, in 2 kernels
-    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri, parameter_arrays=planes)
+    mod = LoadedModule(compile_kernel(text, spec.target), spec.uri, parameter_arrays=planes)
     x = rng.standard_normal((3, K)).astype(np.float32)
     cache = mod.to_device(rng.standard_normal((SLOTS, 2, 2, 2, 64)).astype(np.float16))
     ctx = rng.integers(0, SLOTS, size=(3, COLUMNS), dtype=np.int32)

@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from zinc.compiler import paged
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 from zinc.runtime.session import layer_major
@@ -51,7 +50,7 @@ def compiled(device: str) -> tuple[LoadedModule, bool]:
     """The paged module of `device`, compiled once a run, and whether it is the Vulkan one."""
     spec = DEVICES[device]()
     vulkan = spec.target == "vulkan"
-    return LoadedModule(compile_mlir(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri), vulkan
+    return LoadedModule(compile_kernel(paged_module(vulkan, tiled=not vulkan), spec.target), spec.uri), vulkan
 
 
 def stored(halves: np.ndarray[Any, Any], vulkan: bool) -> np.ndarray[Any, Any]:

@@ -19,11 +19,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES
+from tests.conftest import DEVICES, compile_kernel
 from zinc.compiler import dot8
 from zinc.compiler.graph import emit_module
 from zinc.compiler.kernels import QUANT_TYPES
-from zinc.compiler.targets import compile_mlir
 from zinc.model.gguf_file import open_gguf
 from zinc.model.hparams import describe
 from zinc.runtime.device import to_host
@@ -62,7 +61,7 @@ def test_part_major_kernel_gives_each_part_as_a_block(rows: int) -> None:
     assert dot8.splits(q, N, rows, PARTS) and not dot8.splits(q, N, 1, PARTS)
     raw = quants.quantize(rng.standard_normal((N, K)).astype(np.float32), GGMLQuantizationType.Q4_1)
     planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), N, K)
-    mod = LoadedModule(compile_mlir(module(rows, dot8.plane_types(q, N, K)), spec.target), spec.uri, parameter_arrays=planes)
+    mod = LoadedModule(compile_kernel(module(rows, dot8.plane_types(q, N, K)), spec.target), spec.uri, parameter_arrays=planes)
     x = mod.to_device(rng.standard_normal((rows, K)).astype(np.float32))
     plain = np.asarray(to_host(mod.fn("plain")(x), mod.device))
     flat = np.asarray(to_host(mod.fn("parts")(x), mod.device)).reshape(-1)

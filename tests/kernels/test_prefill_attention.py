@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import compile_kernel
 from zinc.artifact import CTX_ALIGN
 from zinc.compiler.attention_prefill import render_prefill_attention, rows_per_workgroup
 from zinc.compiler.emitter import f32_const
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -26,7 +26,7 @@ SCALE = 0.3
 def module(heads: int, heads_kv: int, hd: int, window: int) -> LoadedModule:
     text = render_prefill_attention("fa", heads, heads_kv, hd, f32_const(SCALE), window or 2**31 - 1)
     text = text.replace("func.func private @fa(", "func.func @fa(")
-    return LoadedModule(compile_mlir(f"module @m {{\n{text}}}\n", "cpu"), "local-task")
+    return LoadedModule(compile_kernel(f"module @m {{\n{text}}}\n", "cpu"), "local-task")
 
 
 def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, heads_kv: int, window: int) -> np.ndarray:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, reference_model
+from tests.conftest import DEVICES, compile_kernel, reference_model
 from tests.kernels.test_quant_kernels import gemm_function, quantized
 from tests.kernels.test_vulkan_targets import QUANTIZED
 from tests.model.test_fixture_numerics import TOL
@@ -26,7 +26,7 @@ from zinc.artifact import PREFILL_ROWS
 from zinc.compiler.build import artifact_key, ensure_artifact, plan
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import QUANT_TYPES
-from zinc.compiler.targets import GEMM_ROWS, GENERIC, compile_mlir, prefill_gemm, vulkan_target_flags
+from zinc.compiler.targets import GEMM_ROWS, GENERIC, prefill_gemm, vulkan_target_flags
 from zinc.errors import ZincError
 from zinc.model.gguf_file import open_gguf
 from zinc.runtime.device import to_host
@@ -107,7 +107,7 @@ def test_every_dequantization_and_gemm_compiles_for_the_gpu_targets_as_a_tiled_g
     target: str, pipeline: str, tmp_path: Path
 ) -> None:
     flags = (*vulkan_target_flags(target), f"--iree-hal-dump-executable-configurations-to={tmp_path}")
-    compile_mlir(gemm_module("f16"), "vulkan", flags)
+    compile_kernel(gemm_module("f16"), "vulkan", flags)
     found = dict(_pipelines(tmp_path))
     gemms = {name: pipe for name, pipe in found.items() if "matmul_like" in name}
     assert gemms, f"no matmul dispatch among {sorted(found)}"
@@ -125,7 +125,7 @@ def test_the_f16_gemm_saturates_an_outlier_instead_of_overflowing() -> None:
     spec = DEVICES["cpu"]()
     rng = np.random.default_rng(3)
     param, ref_w = quantized("Q8_0", n, k, rng)
-    mod = LoadedModule(compile_mlir(text, "cpu"), spec.uri, parameter_arrays={"w": param})
+    mod = LoadedModule(compile_kernel(text, "cpu"), spec.uri, parameter_arrays={"w": param})
     x = np.zeros((rows, k), np.float32)
     x[0, 0], x[1, 0], x[2, 1] = 1e6, -3e5, 1.0
     y = to_host(mod.fn("gemm_f16")(mod.to_device(x)), mod.device)

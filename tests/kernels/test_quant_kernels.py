@@ -21,11 +21,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from zinc.compiler.bitops import bf16_to_f32, f16_to_f32
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import QUANT_TYPES, gather_name, matmul_name, render_gather, render_matmul
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -108,7 +107,7 @@ def kernel_module(name: str, n: int, k: int, target: str) -> str:
 
 @functools.cache
 def compiled(name: str, n: int, k: int, target: str) -> bytes:
-    return compile_mlir(kernel_module(name, n, k, target), target)
+    return compile_kernel(kernel_module(name, n, k, target), target)
 
 
 def rel_err(y: Array, ref: Array, mag: Array) -> float:
@@ -192,7 +191,7 @@ func.func @{fn}(%x: tensor<65536x2xi8>) -> tensor<65536xf32> {{
 def test_half_decoding_is_exact(device: str) -> None:
     """Every finite f16 (subnormals and -0 included) and every bf16 decodes bit-exactly."""
     spec = DEVICES[device]()
-    mod = LoadedModule(compile_mlir(decode_module(), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(decode_module(), spec.target), spec.uri)
     bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
     x = mod.to_device(bits.view(np.int8).reshape(65536, 2))
     f16 = to_host(mod.fn("f16")(x), mod.device).view(np.uint32)

@@ -21,11 +21,10 @@ import numpy as np
 import pytest
 
 from fixtures.real_shapes import SPECS
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from tests.kernels.test_quant_kernels import quantized
 from zinc.compiler import dot8
 from zinc.compiler.kernels import QUANT_TYPES, matmul_name, render_matmul
-from zinc.compiler.targets import compile_mlir
 from zinc.model.reference import q8_round
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -106,7 +105,7 @@ def test_dot8_kernels_at_every_real_width(qtype: str) -> None:
         planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), N, k)
         params |= {f"w{k}_{p}": a for p, a in planes.items()}
     mod = LoadedModule(
-        compile_mlir(_dot8_module(qtype, widths), spec.target), spec.uri, parameter_arrays=params
+        compile_kernel(_dot8_module(qtype, widths), spec.target), spec.uri, parameter_arrays=params
     )
     for k in widths:
         _, w = _weights(qtype, k)
@@ -147,7 +146,7 @@ def test_linalg_kernels_at_every_real_width(qtype: str, device: str) -> None:
     widths = widths_for(qtype)
     params = {f"w{k}": _weights(qtype, k)[0] for k in widths}
     mod = LoadedModule(
-        compile_mlir(_linalg_module(qtype, widths), spec.target), spec.uri, parameter_arrays=params
+        compile_kernel(_linalg_module(qtype, widths), spec.target), spec.uri, parameter_arrays=params
     )
     for k in widths:
         _, w = _weights(qtype, k)

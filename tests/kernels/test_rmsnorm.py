@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, KERNEL_FORMS
+from tests.conftest import DEVICES, KERNEL_FORMS, compile_kernel
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -42,7 +41,7 @@ def test_rmsnorm_matches_the_reference_alone_and_in_rows(d: int, device: str, cp
     spec = DEVICES[device]()
     text = norm_module(d, cpu)
     assert ("rmsnorm_cpu" in text) == (cpu and d % 16 == 0)
-    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(text, spec.target), spec.uri)
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((6, d)) * rng.uniform(0.01, 30.0, (6, 1))).astype(np.float32)
     x[3] = 0.0  # all zero: eps keeps it finite, the output is 0
@@ -80,7 +79,7 @@ def test_add_rmsnorm_gives_the_bits_of_the_add_and_the_norm_apart(d: int, device
     spec = DEVICES[device]()
     text = add_norm_module(d, cpu)
     assert ("add_rmsnorm_cpu" in text) == (cpu and d % 16 == 0)
-    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(text, spec.target), spec.uri)
     rng = np.random.default_rng(9)
     x = (rng.standard_normal((5, d)) * rng.uniform(0.01, 30.0, (5, 1))).astype(np.float32)
     r = (rng.standard_normal((5, d)) * rng.uniform(0.01, 30.0, (5, 1))).astype(np.float32)

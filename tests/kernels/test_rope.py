@@ -16,9 +16,8 @@ import numpy as np
 import pytest
 
 from fixtures.real_shapes import llama3_rope_factors
-from tests.conftest import DEVICES, KERNEL_FORMS
+from tests.conftest import DEVICES, KERNEL_FORMS, compile_kernel
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -68,7 +67,7 @@ def test_rope_matches_the_rotation_alone_and_in_rows(hd: int, n_rot: int, device
     spec = DEVICES[device]()
     text = rope_module(hd, n_rot, cpu, by_hand=True)
     assert ("rope_norm_cpu" in text) == (cpu and n_rot == hd)
-    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(text, spec.target), spec.uri)
     x = np.random.default_rng(9).standard_normal((5, HEADS * hd)).astype(np.float32)
     start = 37
     got = to_host(mod.fn("rows")(mod.to_device(x), start), mod.device)
@@ -90,7 +89,7 @@ def test_rope_with_frequency_factors_at_long_context(hd: int, n_rot: int, device
     spec = DEVICES[device]()
     text = rope_module(hd, n_rot, cpu, by_hand=True, factors=factors)
     assert ("rope_norm_cpu" in text) == (cpu and n_rot == hd)
-    mod = LoadedModule(compile_mlir(text, spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(text, spec.target), spec.uri)
     x = np.random.default_rng(10).standard_normal((5, HEADS * hd)).astype(np.float32)
     start = 33000
     got = to_host(mod.fn("rows")(mod.to_device(x), start), mod.device)
@@ -120,7 +119,7 @@ def neox_reference(x: np.ndarray, start: int, hd: int, freq_scale: float) -> np.
 @pytest.mark.parametrize(("device", "cpu"), KERNEL_FORMS)
 def test_neox_rope_matches_the_rotation_alone_and_in_rows(hd: int, device: str, cpu: bool) -> None:
     spec = DEVICES[device]()
-    mod = LoadedModule(compile_mlir(neox_module(hd, cpu), spec.target), spec.uri)
+    mod = LoadedModule(compile_kernel(neox_module(hd, cpu), spec.target), spec.uri)
     x = np.random.default_rng(11).standard_normal((5, HEADS * hd)).astype(np.float32)
     start = 41
     got = to_host(mod.fn("rows")(mod.to_device(x), start), mod.device)
@@ -133,5 +132,5 @@ def test_neox_rope_matches_the_rotation_alone_and_in_rows(hd: int, device: str, 
 def test_neox_rope_writes_both_halves_in_its_own_dispatch() -> None:
     """No copy dispatches: the rotated halves put side by side after the loop cost IREE one each
     (four a layer, q's and k's; 112 of a Qwen 2.5 1.5B decode step's 510)."""
-    vmfb = compile_mlir(neox_module(64, cpu=True), "cpu")
+    vmfb = compile_kernel(neox_module(64, cpu=True), "cpu")
     assert b"memcpy" not in vmfb

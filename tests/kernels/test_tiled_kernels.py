@@ -11,10 +11,9 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, device_params
+from tests.conftest import DEVICES, compile_kernel, device_params
 from zinc.compiler import tiled
 from zinc.compiler.kernels import QUANT_TYPES
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
@@ -56,7 +55,7 @@ def test_tiled_kernels_match_dequantize(qtype: str, device: str) -> None:
         planes = tiled.repack(q, raw.reshape(-1).view(np.uint8), n, k)
         assert sum(p.nbytes for p in planes.values()) == raw.nbytes  # a byte shuffle, same size
         mod = LoadedModule(
-            compile_mlir(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
+            compile_kernel(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
         )
         x = rng.standard_normal((9, k)).astype(np.float32)
         ref = x.astype(np.float64) @ ref_w.T

@@ -12,11 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import device_params
+from tests.conftest import compile_kernel, device_params
 from tests.kernels.test_prefill_attention import reference
 from zinc.compiler.emitter import f32_const
 from zinc.compiler.kernels import t_dims, template
-from zinc.compiler.targets import compile_mlir
 from zinc.runtime.device import resolve_device, to_host
 from zinc.runtime.module import LoadedModule
 
@@ -30,7 +29,7 @@ def module(device: str, heads: int, heads_kv: int, hd: int, window: int) -> Load
     }  # fmt: skip
     text = template("attention_window.mlir").substitute(subs).replace("func.func private @aw(", "func.func @aw(")
     spec = resolve_device(device)
-    return LoadedModule(compile_mlir(f"module @m {{\n{text}}}\n", spec.target), spec.uri)
+    return LoadedModule(compile_kernel(f"module @m {{\n{text}}}\n", spec.target), spec.uri)
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "vulkan"))
