@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,14 @@ def compile_kernel(text: str, target: str, extra_flags: tuple[str, ...] = ()) ->
     if key not in _COMPILED:
         _COMPILED[key] = compile_mlir(text, target, extra_flags)
     return _COMPILED[key]
+
+
+def artifact_copy(model: Path, target: str, cache_dir: Path) -> Path:
+    """A copy in `cache_dir` of the run's artifact of `model` (compiled once, in the shared cache),
+    where `ensure_artifact(model, target, cache_dir=cache_dir)` finds it: for tests that break or
+    inspect an artifact of their own, without compiling it again."""
+    shared = ensure_artifact(model, target)
+    return Path(shutil.copytree(shared, cache_dir / shared.name))
 
 
 def device_params(*names: str) -> list[object]:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import artifact_copy
 from zinc.artifact import MANIFEST
 from zinc.cli import app
 from zinc.cli_models import check_artifact_dir
@@ -73,7 +74,7 @@ def test_a_portable_artifact_runs_here_and_one_needing_more_is_refused(
     assert "--iree-llvmcpu-target-cpu=x86-64-v3" in manifest["flags"]
     device = resolve_device("cpu")
     portable = ModelSession(art, path, device).prefill([1, 2, 3]).logits()
-    native = ModelSession(ensure_artifact(path, "cpu", cache_dir=tmp_path), path, device).prefill([1, 2, 3]).logits()
+    native = ModelSession(artifact_copy(path, "cpu", tmp_path), path, device).prefill([1, 2, 3]).logits()
     np.testing.assert_allclose(portable, native, atol=1e-3 * float(np.abs(native).max()))
     manifest["cpu_features"].append("avx10_zinc_test")  # a feature no CPU has
     (art / MANIFEST).write_text(json.dumps(manifest))
@@ -82,7 +83,7 @@ def test_a_portable_artifact_runs_here_and_one_needing_more_is_refused(
 
 
 def test_serve_artifact_is_checked_before_serving(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    art = ensure_artifact(tiny_models[MODEL], "cpu", cache_dir=tmp_path)
+    art = artifact_copy(tiny_models[MODEL], "cpu", tmp_path)
     cpu = resolve_device("cpu")
     assert check_artifact_dir(art, tiny_models[MODEL], cpu) == art
     with pytest.raises(ArtifactError, match="not a directory"):
@@ -97,7 +98,7 @@ def test_serve_artifact_is_checked_before_serving(tmp_path: Path, tiny_models: d
 def test_a_cache_that_must_not_compile_says_so(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:
-    built = ensure_artifact(tiny_models[MODEL], "cpu", cache_dir=tmp_path)
+    built = artifact_copy(tiny_models[MODEL], "cpu", tmp_path)
     monkeypatch.setenv("ZINC_NO_COMPILE", "1")
     assert ensure_artifact(tiny_models[MODEL], "cpu", cache_dir=tmp_path) == built  # found: used
     with pytest.raises(ArtifactError, match=r"no artifact of tiny-q40-f16\.gguf .* read-only here"):

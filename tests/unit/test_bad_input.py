@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFWriter, quants
 
+from tests.conftest import artifact_copy
 from zinc.artifact import MANIFEST, load_manifest
 from zinc.compiler.build import ensure_artifact
 from zinc.errors import ArtifactError, DeviceError, GGUFError, UnsupportedModelError
@@ -79,7 +80,8 @@ def test_unsupported_quant_type(tmp_path: Path, qtype: str) -> None:
 
 def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     cache = tmp_path / "cache"
-    art = ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=cache)
+    art = artifact_copy(tiny_models["tiny-q8-q41"], "cpu", cache)
+    assert ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=cache) == art  # found: used
     other = open_gguf(tiny_models["tiny-q40-f16"])
     with pytest.raises(ArtifactError, match="different GGUF"):
         load_manifest(art, other)
@@ -109,7 +111,7 @@ def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str
 
 
 def test_unknown_format_version(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
-    art = ensure_artifact(tiny_models["tiny-q8-q41"], "cpu", cache_dir=tmp_path)
+    art = artifact_copy(tiny_models["tiny-q8-q41"], "cpu", tmp_path)
     data = json.loads((art / MANIFEST).read_text())
     data["format_version"] = 999
     (art / MANIFEST).write_text(json.dumps(data))
