@@ -207,6 +207,7 @@ def test_a_model_is_reported_installed_only_when_its_pull_has_ended(tmp_path: Pa
     assert installed_file.wait(20)
     info = registry.get("blob")
     assert info is not None and info.download.phase == "verifying" and not info.installed
+    assert registry.pull("blob") == (info.download, True)  # the pull is still running
     release.set()
     assert registry.wait("blob", timeout=20).phase == "done"
     assert registry.get("blob").installed  # type: ignore[union-attr]

