@@ -301,6 +301,9 @@ def profile_lines(profile: Json, names: dict[str, str]) -> list[str]:
         lines.append(
             f"- {names.get(key, key)}: a step {p['step_ms']:.2f} ms at {p['position']} cached positions; {top}"
         )
+        lin = p.get("linalg", {})
+        if "step_ms" in lin:
+            lines.append(f"  - without the integer dot-product matmuls (ZINC_VULKAN_DOT=off): a step {lin['step_ms']:.2f} ms")
     return lines
 
 

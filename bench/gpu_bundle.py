@@ -14,7 +14,9 @@ numpy and the common packages but no IREE and no network. So the bundle holds:
   writes the whole GGUF from it with fixtures/refill.py (seeded random weights), so its identity is
   the one zinc compiled here;
 - models/KEY.artifact/: zinc's Vulkan artifact for the GPU's IREE target (manifest.json and the
-  vmfb, xz-compressed; the weights stay in the GGUF);
+  vmfb, xz-compressed; the weights stay in the GGUF); for the models in DP4_AB, where the target
+  has integer dot products, also KEY.artifact-linalg/: the same without zinc.compiler.dp4's
+  matmuls, which bench/gpu_profile.py times beside it (which one-token matmul form is faster there);
 - models.json (per model: key, name, bytes a decode step reads) and bundle.json (versions).
 """
 
@@ -50,6 +52,8 @@ MODELS: dict[str, tuple[tuple[str, str] | None, str]] = {
     "1b": (("llama-3.2-1b", "Q4_0"), "llama-3.2-1b Q4_0"),
     "8b": (("llama-3.1-8b", "Q4_0"), "llama-3.1-8b Q4_0"),
 }
+
+DP4_AB = ("1b",)  # models whose artifact is also carried without the dp4 matmuls
 
 
 def say(msg: str) -> None:
@@ -108,11 +112,20 @@ def source_gguf(key: str) -> Path:
     return ensure_model(*spec)
 
 
-def compile_artifact(gguf: Path, vulkan_target: str) -> Path:
-    """zinc's Vulkan artifact of `gguf` for `vulkan_target`, from (or into) zinc's cache."""
+def compile_artifact(gguf: Path, vulkan_target: str, dp4: bool = True) -> Path:
+    """zinc's Vulkan artifact of `gguf` for `vulkan_target`, from (or into) zinc's cache; `dp4`
+    False: without the integer dot-product matmuls (ZINC_VULKAN_DOT=off, zinc.compiler.dp4)."""
+    env = {**os.environ, "ZINC_VULKAN_DOT": "on" if dp4 else "off"}
     done = subprocess.run([str(REPO / ".venv/bin/zinc"), "compile", str(gguf), "--target", "vulkan",
-                           "--vulkan-target", vulkan_target], check=True, capture_output=True, text=True)  # fmt: skip
+                           "--vulkan-target", vulkan_target], check=True, capture_output=True, text=True, env=env)  # fmt: skip
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+def pack_artifact(artifact: Path, dest: Path) -> None:
+    dest.mkdir()
+    shutil.copy(artifact / "manifest.json", dest / "manifest.json")
+    for vmfb in artifact.glob("*.vmfb"):
+        xz(vmfb, dest / (vmfb.name + ".xz"))
 
 
 def xz(src: Path, dest: Path) -> None:
@@ -124,6 +137,7 @@ def prepare(args: argparse.Namespace) -> int:
     from bench_sizes import bytes_per_token
 
     from fixtures.refill import write_header
+    from zinc.compiler import dp4
     from zinc.model.gguf_file import open_gguf
 
     out = Path(args.dir)
@@ -145,11 +159,9 @@ def prepare(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             header = write_header(gguf, Path(tmp) / "header.gguf")
             xz(header, models_dir / f"{key}.header.xz")
-        dest = models_dir / f"{key}.artifact"
-        dest.mkdir()
-        shutil.copy(artifact / "manifest.json", dest / "manifest.json")
-        for vmfb in artifact.glob("*.vmfb"):
-            xz(vmfb, dest / (vmfb.name + ".xz"))
+        pack_artifact(artifact, models_dir / f"{key}.artifact")
+        if key in DP4_AB and dp4.subgroup_size(args.vulkan_target):  # the same model without them
+            pack_artifact(compile_artifact(gguf, args.vulkan_target, dp4=False), models_dir / f"{key}.artifact-linalg")
         model = open_gguf(gguf)
         rows.append({"key": key, "name": MODELS[key][1], "identity": model.identity, "file_size": model.file_size,
                      "bytes_per_token": bytes_per_token(gguf)})  # fmt: skip
@@ -195,14 +207,19 @@ def unpack(args: argparse.Namespace) -> int:
         model = open_gguf(gguf)
         if (model.identity, model.file_size) != (row["identity"], row["file_size"]):
             raise SystemExit(f"{key}: the refilled GGUF is not the one the artifact was compiled from")
-        art = to / "models" / f"{key}.artifact"
-        art.mkdir(exist_ok=True)
-        for f in (bundle / "models" / f"{key}.artifact").iterdir():
-            if f.suffix == ".xz":
-                (art / f.stem).write_bytes(lzma.decompress(f.read_bytes()))
-            else:
-                shutil.copy(f, art / f.name)
-        row.update(gguf=str(gguf), artifact=str(art))
+        row.update(gguf=str(gguf))
+        for form, field in ((".artifact", "artifact"), (".artifact-linalg", "artifact_linalg")):
+            src = bundle / "models" / f"{key}{form}"
+            if not src.is_dir():
+                continue
+            art = to / "models" / f"{key}{form}"
+            art.mkdir(exist_ok=True)
+            for f in src.iterdir():
+                if f.suffix == ".xz":
+                    (art / f.stem).write_bytes(lzma.decompress(f.read_bytes()))
+                else:
+                    shutil.copy(f, art / f.name)
+            row[field] = str(art)
         say(f"{key}: {gguf} ({gguf.stat().st_size / 2**30:.2f} GiB, {time.perf_counter() - t0:.1f} s)")
     (to / "models.json").write_text(json.dumps(rows, indent=1) + "\n")
     shutil.copy(bundle / "bundle.json", to / "bundle.json")

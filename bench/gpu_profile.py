@@ -8,7 +8,9 @@ one call of `iree-benchmark-module` (from the carried iree-base-runtime wheel) m
 `decode_b1` with a KV slab of 256 slots, the token at position --position (its slots all 0:
 attention reads that many cached rows), `--device_profiling_mode=dispatch-events`, then
 `iree-profile dispatch` groups the device timestamps by dispatch function. Out: per model the
-step's wall time and the --top functions by total time (calls, mean, workgroup count and size).
+step's wall time and the --top functions by total time (calls, mean, workgroup count and size);
+for a model carried with an `artifact_linalg` too (bench/gpu_bundle.py DP4_AB), the same of that
+artifact under "linalg", with the time left: the step without zinc.compiler.dp4's matmuls.
 """
 
 from __future__ import annotations
@@ -49,8 +51,8 @@ def decode_inputs(hp: Json, position: int, kv_dtype: str = "f16x2") -> list[str]
     ]
 
 
-def profile(model: Json, args: argparse.Namespace, timeout: float) -> Json:
-    art = Path(model["artifact"])
+def profile(model: Json, args: argparse.Namespace, timeout: float, field: str = "artifact") -> Json:
+    art = Path(model[field])
     manifest = json.loads((art / "manifest.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         prof = Path(tmp) / "decode.ireeprof"
@@ -76,6 +78,16 @@ def profile(model: Json, args: argparse.Namespace, timeout: float) -> Json:
     return {"step_ms": step_ms, "position": args.position, "dispatch_functions": len(rows), "top": top}
 
 
+def attempt(model: Json, args: argparse.Namespace, seconds: float, field: str) -> Json:
+    """`profile`, or what stopped it."""
+    if seconds < 10:
+        return {"error": "out of time"}
+    try:
+        return profile(model, args, seconds, field)
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument(
@@ -92,10 +104,9 @@ def main() -> int:
     models = json.loads((Path(args.bundle) / "models.json").read_text())
     for i, model in enumerate(models):
         share = (end - time.monotonic()) / (len(models) - i)  # an equal share of what is left
-        try:
-            results[model["key"]] = profile(model, args, share) if share >= 10 else {"error": "out of time"}
-        except (subprocess.SubprocessError, OSError, ValueError, KeyError) as exc:
-            results[model["key"]] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+        results[model["key"]] = attempt(model, args, share, "artifact")
+        if "artifact_linalg" in model and "step_ms" in results[model["key"]]:  # the A/B of the dp4 matmuls
+            results[model["key"]]["linalg"] = attempt(model, args, end - time.monotonic(), "artifact_linalg")
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
         r = results[model["key"]]
         print(f"{model['key']}: " + (f"decode step {r['step_ms']:.2f} ms" if "step_ms" in r else r["error"][-300:]),

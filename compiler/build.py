@@ -37,7 +37,7 @@ from zinc.artifact import (
     sha256_bytes,
     write_artifact,
 )
-from zinc.compiler import dot8, llama
+from zinc.compiler import dot8, dp4, llama
 from zinc.compiler.embed import pools
 from zinc.compiler.emitter import LAYOUTS
 from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
@@ -133,7 +133,8 @@ def artifact_key(
         f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
         f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
         _baked_values(gguf), *([f"pooling={pooling}"] if pooling is not None else []),
-        *([f"gemm={prefill_gemm(vulkan_target)}"] if check_target(target) == "vulkan" else []),
+        *([f"gemm={prefill_gemm(vulkan_target)}", f"dp4={dp4.subgroup_size(vulkan_target)}"]
+          if check_target(target) == "vulkan" else []),
         *(["cpu=" + ",".join(sorted(target_cpu_flags()))] if target == "cpu" else []),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
@@ -194,6 +195,7 @@ def plan(
         kv_write_parallel=kind == "vulkan",
         index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
         gemm=prefill_gemm(vulkan_target) if kind == "vulkan" else None,
+        dp4_subgroup=dp4.subgroup_size(vulkan_target) if kind == "vulkan" else 0,
         copies=misaligned(gguf) if kind == "cpu" else frozenset(),  # Vulkan uploads every weight anyway
     )
     pause_point("emit")  # tests/faults: killed while the MLIR is generated

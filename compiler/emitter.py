@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from zinc.artifact import COPY_PLANE
-from zinc.compiler import dot8, tiled
+from zinc.compiler import dot8, dp4, tiled
 from zinc.compiler.attention_prefill import render_prefill_attention
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import (
@@ -87,12 +87,16 @@ class ModuleEmitter:
         dot8: bool = False,
         index_inputs: bool = False,
         copies: frozenset[str] = frozenset(),
+        dp4_subgroup: int = 0,
     ) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
         # the linalg matmuls read their loop indices from iota inputs (Vulkan GPU targets with
         # subgroups: zinc.compiler.kernels.with_index_inputs)
         self.index_inputs = index_inputs
+        # one-token matmuls with integer dot products on a Vulkan GPU target, for subgroups this
+        # wide (zinc.compiler.dp4); 0: the linalg matmuls
+        self.dp4_subgroup = dp4_subgroup
         # the KV slab's type (compiler/paged.py): f16 on the CPU, on Vulkan f16 two to an i32 word
         self.kv_dtype = "f16" if tiled else "f16x2"
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
@@ -152,6 +156,7 @@ class Body:
         self.gemm: str | None = None
         self.lines: list[str] = []
         self._counter = itertools.count(1)
+        self._dp4_inputs: dict[tuple[str, int], str] = {}  # (x, k) -> x quantized (dp4)
         self._rope_tables: dict[tuple[str, int, float, float, float, tuple[float, ...]], tuple[str, str]] = {}
 
     def single_token_view(self) -> Body:
@@ -194,6 +199,17 @@ class Body:
             return self._linear_tiled(tensor, q, n, k, x, hint)
         ty = q.param_type(n, k)
         w = self.load(self.mod.param(tensor, ty), ty)
+        s = self.mod.dp4_subgroup
+        if s and (self.rows or not self.dynamic) and dp4.supports(q, n, k):
+            r = self.rows or 1
+            name = self.mod.helper(dp4.decode_name(q, n, k, s, r), dp4.render_decode(q, n, k, s, r))
+            xq = (self._dp4_quantized(x, k), dp4.quantized_type(k, r))
+            y = self.call(name, [(w, ty), xq], f"tensor<{r}x{n}xf32>", hint)
+            if not self.rows:
+                return y
+            out = self.fresh(hint)
+            self.emit(f"{out} = tensor.cast {y} : tensor<{r}x{n}xf32> to {self.act(n)}")
+            return out
         if self.gemm is not None:
             dt = self.gemm
             wd = self.call(self.mod.helper(dequant_name(q, n, k, dt), render_dequant(q, n, k, dt)),
@@ -204,6 +220,18 @@ class Body:
             matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, self.mod.index_inputs)
         )
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
+
+    def _dp4_quantized(self, x: str, k: int) -> str:
+        """x [rows, k] quantized for the dp4 matmuls: once per activation (q/k/v, gate/up share it)."""
+        if (x, k) not in self._dp4_inputs:
+            r = self.rows or 1
+            xs = x
+            if self.rows:
+                xs = self.fresh("rows_in")
+                self.emit(f"{xs} = tensor.cast {x} : {self.act(k)} to tensor<{r}x{k}xf32>")
+            name = self.mod.helper(dp4.quantize_name(k, r), dp4.render_quantize(k, r))
+            self._dp4_inputs[(x, k)] = self.call(name, [(xs, f"tensor<{r}x{k}xf32>")], dp4.quantized_type(k, r), "xq")
+        return self._dp4_inputs[(x, k)]
 
     def linears(self, parts: list[tuple[str, QuantType, int]], k: int, x: str) -> list[str]:
         """Several weights applied to the same input (q/k/v, gate/up): one matmul on the CPU path.

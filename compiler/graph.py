@@ -116,6 +116,7 @@ def emit_module(
     index_inputs: bool = False,
     gemm: tuple[int, str] | None = None,
     copies: frozenset[str] = frozenset(),
+    dp4_subgroup: int = 0,
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
@@ -124,8 +125,9 @@ def emit_module(
     with subgroups (zinc.compiler.kernels.with_index_inputs); `gemm` (rows, operand type): the
     prefill entries' matmuls as a dequantization and a GEMM over chunks padded to that many rows
     (zinc.compiler.gemm; Vulkan); `copies`: GGUF tensors bound from an aligned copy in the .irpa
-    (ModuleEmitter.copies)."""
-    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies)
+    (ModuleEmitter.copies); `dp4_subgroup`: the one-token matmuls with integer dot products, for
+    subgroups this wide (zinc.compiler.dp4; a Vulkan GPU target), 0: none."""
+    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies, dp4_subgroup=dp4_subgroup)
     mod.entries.append(_Entry(mod, desc, batch=0, gemm=gemm).text("prefill"))
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True, gemm=gemm).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):

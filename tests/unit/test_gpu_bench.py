@@ -23,17 +23,18 @@ import gpu_bundle
 from report import replace_section
 
 
-def make_bundle(root: Path, identity: str | None = None) -> Path:
-    """A bundle as `gpu_bundle.prepare` lays it out, with SmolLM2's header and a stand-in artifact."""
+def make_bundle(root: Path, identity: str | None = None, linalg: bool = False) -> Path:
+    """A bundle as `gpu_bundle.prepare` lays it out, with SmolLM2's header and a stand-in artifact
+    (and, with `linalg`, a stand-in of the artifact without the dp4 matmuls)."""
     bundle = root / "bundle"
-    (bundle / "models" / "smollm2.artifact").mkdir(parents=True)
     gguf = open_gguf(default_model_path())
     header = write_header(gguf.path, root / "header.gguf")
+    (bundle / "models").mkdir(parents=True)
     (bundle / "models" / "smollm2.header.xz").write_bytes(lzma.compress(header.read_bytes()))
-    (bundle / "models" / "smollm2.artifact" / "manifest.json").write_text('{"vmfb": "model.vulkan.vmfb"}')
-    (bundle / "models" / "smollm2.artifact" / "model.vulkan.vmfb.xz").write_bytes(
-        lzma.compress(b"vmfb" * 1000)
-    )
+    for form, body in ((".artifact", b"vmfb"), (".artifact-linalg", b"lin!"))[: 2 if linalg else 1]:
+        (bundle / "models" / f"smollm2{form}").mkdir()
+        (bundle / "models" / f"smollm2{form}" / "manifest.json").write_text('{"vmfb": "model.vulkan.vmfb"}')
+        (bundle / "models" / f"smollm2{form}" / "model.vulkan.vmfb.xz").write_bytes(lzma.compress(body * 1000))
     with tarfile.open(bundle / "llama-vk.tar.xz", "w:xz") as tar:
         data = b"#!/bin/sh\n"
         member = tarfile.TarInfo("llama-server")
@@ -63,6 +64,14 @@ def test_unpack_refills_the_model_zinc_compiled(tmp_path: Path, monkeypatch: pyt
     assert (art / "model.vulkan.vmfb").read_bytes() == b"vmfb" * 1000
     assert (art / "manifest.json").is_file()
     assert (tmp_path / "work" / "llama" / "llama-server").stat().st_mode & 0o111
+    assert "artifact_linalg" not in row
+
+
+def test_unpack_also_writes_the_artifact_without_dp4_matmuls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert unpack(make_bundle(tmp_path, linalg=True), tmp_path / "work", monkeypatch) == 0
+    (row,) = json.loads((tmp_path / "work" / "models.json").read_text())
+    assert (Path(row["artifact"]) / "model.vulkan.vmfb").read_bytes() == b"vmfb" * 1000
+    assert (Path(row["artifact_linalg"]) / "model.vulkan.vmfb").read_bytes() == b"lin!" * 1000
 
 
 def test_unpack_refuses_a_model_other_than_the_compiled_one(
@@ -118,7 +127,7 @@ def test_report_names_what_failed_or_was_skipped(tmp_path: Path) -> None:
 def test_profile_lines_name_the_top_kernels_or_why_there_are_none() -> None:
     top = [{"function": f"decode_b1_dispatch_{i}_reduction_4096x128", "share": s, "calls": 32, "mean_us": 50.0 * s}
            for i, s in ((3, 0.5), (7, 0.25))]  # fmt: skip
-    profile = {"8b": {"step_ms": 12.5, "position": 256, "top": top},
+    profile = {"8b": {"step_ms": 12.5, "position": 256, "top": top, "linalg": {"step_ms": 14.25, "top": top}},
                "1b": {"error": "iree-benchmark-module failed\nVK_ERROR_DEVICE_LOST"}}  # fmt: skip
     text = "\n".join(bench_gpu.profile_lines(profile, {"8b": "llama-3.1-8b Q4_0", "1b": "llama-3.2-1b Q4_0"}))
     assert (
@@ -126,6 +135,7 @@ def test_profile_lines_name_the_top_kernels_or_why_there_are_none() -> None:
         in text
     )
     assert "`7_reduction_4096x128` 25%" in text
+    assert "  - without the integer dot-product matmuls (ZINC_VULKAN_DOT=off): a step 14.25 ms" in text
     assert "- llama-3.2-1b Q4_0: not profiled (VK_ERROR_DEVICE_LOST)" in text
 
 

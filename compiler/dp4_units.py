@@ -1,0 +1,169 @@
+"""How the dp4 matmuls (zinc.compiler.dp4) read each GGUF type: the MLIR lines of one unit.
+
+Owns: `UNITS` (per type: the 32-bit-word view of a weight row, and the units an invocation takes
+in turn) and `unit_lines`, which turns a unit's words into `Sub`s: its 32-weight blocks, each as
+(x block, 4-byte weight words paired with the quantized x words they multiply, scale, bias), so
+that a block adds `scale * dx * sum(q_w q_x) + bias * sx` (dx, sx: the x block's scale and scaled
+sum, mlir/dp4_quantize.mlir). Every quant is a signed byte by then: a nibble (0-15) as it is,
+its offset (Q4_0's -8) or minimum (Q4_1's m, Q4_K's dmin * m) left to the bias.
+  - Q4_0: a unit is two 18-byte blocks (9 words: f16 d, 16 bytes of nibbles, twice), the first
+    block's quants 2 bytes into a word (joined from two words);
+  - Q4_1: one 20-byte block (f16 d, f16 m, 16 bytes of nibbles);
+  - Q8_0: two 34-byte blocks (17 words), as Q4_0 with 32 int8 quants;
+  - Q4_K: a 64-weight quarter of a 144-byte super-block (f16 d, f16 dmin, 12 bytes of 6-bit
+    scales and mins, 128 bytes of nibbles), so that K / 64 invocations share a row as for Q4_0;
+    its two 32-blocks are the low and the high nibbles of the same 8 words.
+Imports: nothing of zinc's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+IND = "          "  # the indent of a unit's lines in mlir/dp4_decode.mlir
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A weight row as `words_shape` i32 words per row; `per_unit` 32-blocks per unit."""
+
+    block_weights: int  # weights per GGUF block
+    block_words: int  # 32-bit words per `group` GGUF blocks
+    group: int  # GGUF blocks viewed together (a whole number of words)
+    per_unit: int  # 32-blocks per unit
+
+
+UNITS = {
+    "Q4_0": Layout(32, 9, 2, 2),
+    "Q4_1": Layout(32, 5, 1, 1),
+    "Q8_0": Layout(32, 17, 2, 2),
+    "Q4_K": Layout(256, 36, 1, 2),
+}
+
+
+@dataclass(frozen=True)
+class Sub:
+    """One 32-block of a unit."""
+
+    xblock: str  # SSA index of its x block in the row
+    words: tuple[tuple[str, int], ...]  # (weight word: 4 signed bytes, the x word 0-7 it multiplies)
+    scale: str  # f32
+    bias: str | None  # f32, times the x block's sx
+
+
+def words_shape(name: str, n: int, k: int) -> tuple[int, int, int]:
+    lay = UNITS[name]
+    return n, k // (lay.block_weights * lay.group), lay.block_words
+
+
+def units(name: str, k: int) -> int:
+    return k // (32 * UNITS[name].per_unit)
+
+
+def half(word: str, high: bool, out: str) -> list[str]:
+    """f32 `out` from the f16 in the low or high half of i32 `word`."""
+    lines, src = [], word
+    if high:
+        lines.append(f"{IND}{out}_s = arith.shrui {word}, %c16i : i32")
+        src = f"{out}_s"
+    return [*lines, f"{IND}{out}_h = arith.trunci {src} : i32 to i16",
+            f"{IND}{out}_f = arith.bitcast {out}_h : i16 to f16", f"{IND}{out} = arith.extf {out}_f : f16 to f32"]  # fmt: skip
+
+
+def joined(lo: str, hi: str, out: str) -> list[str]:
+    """The word of bytes 2..5 of the pair (lo, hi): quants that start 2 bytes into a word."""
+    return [f"{IND}{out}_a = arith.shrui {lo}, %c16i : i32", f"{IND}{out}_b = arith.shli {hi}, %c16i : i32",
+            f"{IND}{out} = arith.ori {out}_a, {out}_b : i32"]  # fmt: skip
+
+
+def nibbles(words: list[str], high: bool, tag: str) -> tuple[list[str], list[str]]:
+    """The low (or high) nibble of each byte of `words`, as words of 4 bytes 0-15."""
+    lines, outs = [], []
+    for m, w in enumerate(words):
+        src = w
+        if high:
+            lines.append(f"{IND}{tag}s{m} = arith.shrui {w}, %c4i : i32")
+            src = f"{tag}s{m}"
+        lines.append(f"{IND}{tag}{m} = arith.andi {src}, %nib : i32")
+        outs.append(f"{tag}{m}")
+    return lines, outs
+
+
+def paired(words: list[str], first: int) -> tuple[tuple[str, int], ...]:
+    """`words` with the x words they multiply: first, first + 1, ..."""
+    return tuple((w, first + m) for m, w in enumerate(words))
+
+
+def load(idx: list[str], out: str, wref: str) -> str:
+    return f"{IND}{out} = memref.load %w[%row, {', '.join(idx)}] : {wref}"
+
+
+def unit_lines(name: str, wref: str) -> tuple[list[str], list[Sub]]:
+    """The lines that load and unpack unit %u of row %row, and its 32-blocks."""
+    if name == "Q4_K":
+        return _q4_k(wref)
+    lay = UNITS[name]
+    lines = [load(["%u", f"%ci{i}"], f"%w{i}", wref) for i in range(lay.block_words)]
+    lines.append(f"{IND}%blk0 = arith.muli %u, %c{lay.per_unit} : index")
+    if name == "Q4_1":  # w = d q + m
+        lines += half("%w0", False, "%d0") + half("%w0", True, "%mn0")
+        lo, lo_w = nibbles(["%w1", "%w2", "%w3", "%w4"], False, "%ql")
+        hi, hi_w = nibbles(["%w1", "%w2", "%w3", "%w4"], True, "%qh")
+        pairs = paired(lo_w, 0) + paired(hi_w, 4)
+        return lines + lo + hi, [Sub("%blk0", pairs, "%d0", "%mn0")]
+    lines.append(f"{IND}%blk1 = arith.addi %blk0, %c1 : index")
+    per = 4 if name == "Q4_0" else 8  # words of quants per block
+    first = [f"%j{m}" for m in range(per)]
+    for m in range(per):
+        lines += joined(f"%w{m}", f"%w{m + 1}", f"%j{m}")
+    second = [f"%w{i}" for i in range(per + 1, 2 * per + 1)]
+    lines += half("%w0", False, "%d0") + half(f"%w{per}", True, "%d1")
+    if name == "Q8_0":
+        return lines, [Sub("%blk0", paired(first, 0), "%d0", None),
+                       Sub("%blk1", paired(second, 0), "%d1", None)]  # fmt: skip
+    subs = []  # Q4_0: w = d (q - 8), the -8 d a bias
+    for b, (words, d) in enumerate(((first, "%d0"), (second, "%d1"))):
+        lo, lo_w = nibbles(words, False, f"%ql{b}_")
+        hi, hi_w = nibbles(words, True, f"%qh{b}_")
+        lines += [*lo, *hi, f"{IND}%o{b} = arith.mulf {d}, %m8 : f32"]
+        subs.append(Sub(f"%blk{b}", paired(lo_w, 0) + paired(hi_w, 4), d, f"%o{b}"))
+    return lines, subs
+
+
+def _q4_k(wref: str) -> tuple[list[str], list[Sub]]:
+    """Unit %u: quarter c = u % 4 of super-block u / 4: 32-blocks 2c (low nibbles) and 2c + 1
+    (high nibbles) of 8 words, their 6-bit scale and min j = 2c, 2c + 1 from the 12 scale bytes
+    s: j < 4: s[j] & 63 and s[j + 4] & 63; else (s[j + 4] & 15) | (s[j - 4] >> 6) << 4 and
+    (s[j + 4] >> 4) | (s[j] >> 6) << 4."""
+    lines = [f"{IND}%sb = arith.divui %u, %c4 : index", f"{IND}%qc = arith.remui %u, %c4 : index",
+             f"{IND}%q8 = arith.muli %qc, %c8 : index", f"{IND}%qbase = arith.addi %q8, %c4 : index"]  # fmt: skip
+    lines += [load(["%sb", f"%ci{i}"], f"%h{i}", wref) for i in range(4)]
+    words = []
+    for m in range(8):
+        lines += [f"{IND}%qi{m} = arith.addi %qbase, %ci{m} : index", load(["%sb", f"%qi{m}"], f"%w{m}", wref)]
+        words.append(f"%w{m}")
+    lines += half("%h0", False, "%d") + half("%h0", True, "%dmin")
+    lines += [f"{IND}%blk0 = arith.muli %u, %c2 : index", f"{IND}%blk1 = arith.addi %blk0, %c1 : index",
+              f"{IND}%qci = arith.index_cast %qc : index to i32", f"{IND}%hi = arith.cmpi uge, %qci, %c2i : i32"]  # fmt: skip
+    subs = []
+    for b in range(2):  # j = 2c + b; i = j % 4 = (2c + b) & 3
+        t = f"%k{b}"
+        lines += [f"{IND}{t}j2 = arith.muli %qci, %c2i : i32", f"{IND}{t}j = arith.addi {t}j2, %c{b}i : i32",
+                  f"{IND}{t}i = arith.andi {t}j, %c3i : i32", f"{IND}{t}sh = arith.muli {t}i, %c8i : i32"]  # fmt: skip
+        for src, byte in (("%h1", "a"), ("%h2", "b"), ("%h3", "e")):  # byte i of s[0:4], s[4:8], s[8:12]
+            lines += [f"{IND}{t}{byte}s = arith.shrui {src}, {t}sh : i32", f"{IND}{t}{byte} = arith.andi {t}{byte}s, %c255i : i32"]
+        lines += [
+            f"{IND}{t}sc_lo = arith.andi {t}a, %c63i : i32", f"{IND}{t}m_lo = arith.andi {t}b, %c63i : i32",
+            f"{IND}{t}e15 = arith.andi {t}e, %c15i : i32", f"{IND}{t}e4 = arith.shrui {t}e, %c4i : i32",
+            f"{IND}{t}a6 = arith.shrui {t}a, %c6i : i32", f"{IND}{t}a64 = arith.shli {t}a6, %c4i : i32",
+            f"{IND}{t}b6 = arith.shrui {t}b, %c6i : i32", f"{IND}{t}b64 = arith.shli {t}b6, %c4i : i32",
+            f"{IND}{t}sc_hi = arith.ori {t}e15, {t}a64 : i32", f"{IND}{t}m_hi = arith.ori {t}e4, {t}b64 : i32",
+            f"{IND}{t}sc = arith.select %hi, {t}sc_hi, {t}sc_lo : i32", f"{IND}{t}mi = arith.select %hi, {t}m_hi, {t}m_lo : i32",
+            f"{IND}{t}scf = arith.uitofp {t}sc : i32 to f32", f"{IND}{t}mf = arith.uitofp {t}mi : i32 to f32",
+            f"{IND}{t}scale = arith.mulf %d, {t}scf : f32", f"{IND}{t}dm = arith.mulf %dmin, {t}mf : f32",
+            f"{IND}{t}bias = arith.negf {t}dm : f32",
+        ]  # fmt: skip
+        nib, outs = nibbles(words, b == 1, f"%q{b}_")
+        lines += nib
+        subs.append(Sub(f"%blk{b}", paired(outs, 0), f"{t}scale", f"{t}bias"))
+    return lines, subs
