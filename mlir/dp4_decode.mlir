@@ -27,6 +27,10 @@ stream.executable private @${NAME}_ex {
     %c2 = arith.constant 2 : index
     %c4 = arith.constant 4 : index
     %c8 = arith.constant 8 : index
+    %c16 = arith.constant 16 : index
+    %c32 = arith.constant 32 : index
+    %c48 = arith.constant 48 : index
+    %c52 = arith.constant 52 : index
     %cS = arith.constant ${S} : index
     %cSG = arith.constant ${SG} : index
     %cU = arith.constant ${U} : index
@@ -42,11 +46,21 @@ stream.executable private @${NAME}_ex {
     %c8i = arith.constant 8 : i32
     %c15i = arith.constant 15 : i32
     %c16i = arith.constant 16 : i32
+    %c11i = arith.constant 11 : i32
+    %c12i = arith.constant 12 : i32
+    %c18i = arith.constant 18 : i32
+    %c20i = arith.constant 20 : i32
+    %c24i = arith.constant 24 : i32
+    %c25i = arith.constant 25 : i32
+    %c28i = arith.constant 28 : i32
     %c63i = arith.constant 63 : i32
+    %m03 = arith.constant 50529027 : i32  // 0x03030303
+    %m20 = arith.constant 538976288 : i32  // 0x20202020
     %c255i = arith.constant 255 : i32
     %zi = arith.constant 0 : i32
     %zf = arith.constant 0.0 : f32
     %m8 = arith.constant -8.0 : f32
+    %m16 = arith.constant -16.0 : f32
 ${CONSTS}
     %w = stream.binding.subspan %b_w[%z] : !stream.binding -> ${WREF}
     %xq = stream.binding.subspan %b_xq[%z] : !stream.binding -> ${XQREF}
