@@ -3,20 +3,20 @@
 Owns: `SUBGROUP` (the named Vulkan targets whose devices have 4 x int8 dot products, and the
 subgroup size the kernels assume on each), `subgroup_size` (with `$ZINC_VULKAN_DOT`: off turns
 the kernels off), `supports`, and the two kernels (templates in mlir/):
-  - `render_quantize` (mlir/dp4_quantize.mlir): x [1, k] quantized per 32-block to int8 (with
-    each block's scale and scaled sum, all in one [k / 32, 10] i32 tensor), once per
-    activation that several matmuls read (zinc.compiler.emitter.Body memoizes it);
+  - `render_quantize` (mlir/dp4_quantize.mlir): x [T, k] rounded to int8 per 32 values, with each
+    block's scale and scaled sum, all in one [T, k / 32, 10] i32 tensor, once per activation
+    that several matmuls read (zinc.compiler.emitter.Body memoizes it);
   - `render_decode` (mlir/dp4_decode.mlir): a dispatch written by hand that reads the GGUF blocks
-    as they are, as 32-bit words (a unit of blocks that starts on a word: two 18-byte Q4_0 or
-    34-byte Q8_0 blocks, one 20-byte Q4_1 block), and multiplies 4 bytes at a time with
-    `spirv.SDotAccSat` (OpSDotAccSat: dp4a on NVIDIA, v_dot4 on AMD), one row per subgroup at a
-    time, the row's sum a subgroup reduction.
+    as they are, as 32-bit words (zinc.compiler.dp4_units: each type's units), and multiplies 4
+    bytes at a time with `spirv.SDotAccSat` (OpSDotAccSat: dp4a on NVIDIA, v_dot4 on AMD), a row
+    per subgroup at a time, for T tokens (one, or a decode batch's), the sums reduced in the
+    subgroup.
 Weights stay as GGUF stores them (nothing repacked): a subgroup's invocations read consecutive
-units of a row, so its loads are contiguous. llama.cpp's Vulkan backend multiplies the same
-way (its mul_mat_vecq shaders, read for the idea). The subgroup size is a constant of the
+units of a row, so its loads are contiguous (llama.cpp's GPU backends take the same approach to
+quantized decode: int8 activations per 32 values and dp4a). The subgroup size is a constant of the
 kernel: a device whose subgroups are another size would sum the wrong invocations, which is why
 the size comes with the target (the tests run it on lavapipe, whose subgroups are 8 wide).
-Imports: zinc.compiler.kernels (QuantType, templates), zinc.errors.
+Imports: zinc.compiler.dp4_units, zinc.compiler.kernels (QuantType, templates), zinc.errors.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ SUBGROUP: dict[str, int] = {
     "adreno": 64,
 }  # fmt: skip
 SUBGROUPS_PER_WG = 4  # subgroups per workgroup, each its own rows
-ROWS = 2  # rows per subgroup
+# rows of W per subgroup: one, so that a matrix of a 1B model (2,048 rows) still spreads over
+# 2,048 subgroups, as many as a large GPU keeps in flight (nothing is shared between rows)
+ROWS = 1
 QUANTIZE_WG = 64  # invocations (blocks) per workgroup of the quantize kernel
 ENV = "ZINC_VULKAN_DOT"
 
