@@ -32,13 +32,13 @@ ROWS = 3  # tokens of the batch entry
 SHAPES = [(64, 512), (37, 1536), (8, 2048)]  # Q6_K: whole pairs of 256-blocks
 
 
-def module(name: str, n: int, k: int, s: int) -> str:
+def module(name: str, n: int, k: int, s: int, entries: int = 3) -> str:
     """Three entries: `main` (x -> W x through Body.linear, as the model calls it), `twice` (two
     matmuls of the same x: one quantization) and `rows` (a decode batch of ROWS tokens)."""
     mod = ModuleEmitter(dp4_subgroup=s)
     q = QUANT_TYPES[name]
     lines = []
-    for entry, count, rows in (("main", 1, 0), ("twice", 2, 0), ("rows", 1, ROWS)):
+    for entry, count, rows in (("main", 1, 0), ("twice", 2, 0), ("rows", 1, ROWS))[:entries]:
         body = Body(mod, dynamic=rows > 0)
         body.rows = rows
         t = "?" if rows else "1"
@@ -102,7 +102,7 @@ def close(y: Array, w: Array, xq: Array, w_mag: Array | None = None) -> bool:
 def test_dp4_kernels_compile_for_every_target_with_dot_products(target: str) -> None:
     """Each target in dp4.SUBGROUP compiles the kernels with its own subgroup size, and its
     SPIR-V has the dot product (a target without them fails to legalize OpSDotAccSat)."""
-    text = module("Q4_K", 64, 256, dp4.SUBGROUP[target])
+    text = module("Q4_K", 64, 256, dp4.SUBGROUP[target], entries=1)
     assert compile_mlir(text, "vulkan", vulkan_target_flags(target))
     with pytest.raises(ZincError, match="SDotAccSat"):
         compile_mlir(text, "vulkan", vulkan_target_flags("volta"))
