@@ -106,7 +106,8 @@ def main() -> int:
         share = (end - time.monotonic()) / (len(models) - i)  # an equal share of what is left
         results[model["key"]] = attempt(model, args, share, "artifact")
         if "artifact_linalg" in model and "step_ms" in results[model["key"]]:  # the A/B of the dp4 matmuls
-            results[model["key"]]["linalg"] = attempt(model, args, end - time.monotonic(), "artifact_linalg")
+            left = (end - time.monotonic()) / (len(models) - i)  # an equal share again
+            results[model["key"]]["linalg"] = attempt(model, args, left, "artifact_linalg")
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
         r = results[model["key"]]
         print(f"{model['key']}: " + (f"decode step {r['step_ms']:.2f} ms" if "step_ms" in r else r["error"][-300:]),

@@ -177,3 +177,18 @@ def test_the_profiles_slab_is_the_artifacts_kv_type() -> None:
     assert gpu_profile.decode_inputs(hp, 256, "f16x2")[0] == "--input=256x16x2x8x32xi32=0"
     assert gpu_profile.decode_inputs(hp, 256, "f16")[0] == "--input=256x16x2x8x64xf16=0"
     assert gpu_profile.decode_inputs(hp, 9)[1:] == ["--input=1xi32=100", "--input=1xi32=9", "--input=1x10xi32=0"]
+
+
+def test_the_profile_times_the_artifact_without_dp4_matmuls_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_profile
+
+    models = [{"key": "1b", "artifact": "a", "artifact_linalg": "b"}, {"key": "8b", "artifact": "c"}]
+    (tmp_path / "models.json").write_text(json.dumps(models))
+    steps = {"a": 2.0, "b": 3.0, "c": 9.0}
+    monkeypatch.setattr(gpu_profile, "profile", lambda model, args, timeout, field="artifact": {"step_ms": steps[model[field]]})
+    out = tmp_path / "profile.json"
+    monkeypatch.setattr(sys, "argv", ["gpu_profile.py", "--bundle", str(tmp_path), "--out", str(out), "--budget-s", "60"])
+    assert gpu_profile.main() == 0
+    got = json.loads(out.read_text())
+    assert got["1b"] == {"step_ms": 2.0, "linalg": {"step_ms": 3.0}}
+    assert got["8b"] == {"step_ms": 9.0}
