@@ -1,4 +1,4 @@
-"""Decode matmuls with integer dot products on Vulkan GPU targets: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
+"""Vulkan decode matmuls with integer dot products: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K.
 
 Owns: `SUBGROUP` (the named Vulkan targets whose devices have 4 x int8 dot products, and the
 subgroup size the kernels assume on each), `subgroup_size` (with `$ZINC_VULKAN_DOT`: off turns

@@ -12,7 +12,8 @@ its offset (Q4_0's -8) or minimum (Q4_1's m, Q4_K's dmin * m) left to the bias.
   - Q8_0: two 34-byte blocks (17 words), as Q4_0 with 32 int8 quants;
   - Q4_K: a 64-weight quarter of a 144-byte super-block (f16 d, f16 dmin, 12 bytes of 6-bit
     scales and mins, 128 bytes of nibbles), so that K / 64 invocations share a row as for Q4_0;
-    its two 32-blocks are the low and the high nibbles of the same 8 words;
+    its two 32-blocks are the low and the high nibbles of the same 8 words; Q5_K (176 bytes) as
+    Q4_K, with 32 bytes of fifth bits (bit j of byte l: weight l of 32-block j) OR-ed in;
   - Q5_0: two 22-byte blocks (11 words: f16 d, 32 fifth bits, 16 bytes of nibbles, twice), each
     nibble word OR-ed with its 4 fifth bits spread to bit 4 of each byte; w = d (q - 16);
   - Q6_K: a 64-weight quarter of a 210-byte super-block (128 bytes of low nibbles, 64 of 2-bit
@@ -45,6 +46,7 @@ UNITS = {
     "Q4_1": Layout(32, 5, 1, 1),
     "Q8_0": Layout(32, 17, 2, 2),
     "Q4_K": Layout(256, 36, 1, 2),
+    "Q5_K": Layout(256, 44, 1, 2),
     "Q5_0": Layout(32, 11, 2, 2),
     "Q6_K": Layout(256, 105, 2, 2),
 }
@@ -109,8 +111,8 @@ def load(idx: list[str], out: str, wref: str) -> str:
 
 def unit_lines(name: str, wref: str) -> tuple[list[str], list[Sub]]:
     """The lines that load and unpack unit %u of row %row, and its 32-blocks."""
-    if name == "Q4_K":
-        return _q4_k(wref)
+    if name in ("Q4_K", "Q5_K"):
+        return _k_quarter(wref, name == "Q5_K")
     if name == "Q5_0":
         return _q5_0(wref)
     if name == "Q6_K":
@@ -143,14 +145,21 @@ def unit_lines(name: str, wref: str) -> tuple[list[str], list[Sub]]:
     return lines, subs
 
 
-def _q4_k(wref: str) -> tuple[list[str], list[Sub]]:
-    """Unit %u: quarter c = u % 4 of super-block u / 4: 32-blocks 2c (low nibbles) and 2c + 1
-    (high nibbles) of 8 words, their 6-bit scale and min j = 2c, 2c + 1 from the 12 scale bytes
-    s: j < 4: s[j] & 63 and s[j + 4] & 63; else (s[j + 4] & 15) | (s[j - 4] >> 6) << 4 and
-    (s[j + 4] >> 4) | (s[j] >> 6) << 4."""
+def _k_quarter(wref: str, q5: bool) -> tuple[list[str], list[Sub]]:
+    """Q4_K or Q5_K unit %u: quarter c = u % 4 of super-block u / 4: 32-blocks 2c (low nibbles) and
+    2c + 1 (high nibbles) of 8 words, their 6-bit scale and min j = 2c, 2c + 1 from the 12 scale
+    bytes s: j < 4: s[j] & 63 and s[j + 4] & 63; else (s[j + 4] & 15) | (s[j - 4] >> 6) << 4 and
+    (s[j + 4] >> 4) | (s[j] >> 6) << 4. Q5_K: the fifth bit of weight l of block j is bit j of
+    byte l of the 32 bytes (8 words) after the scales; its quants start 32 bytes later."""
+    first_q = 12 if q5 else 4  # the word of the quants of quarter 0
     lines = [f"{IND}%sb = arith.divui %u, %c4 : index", f"{IND}%qc = arith.remui %u, %c4 : index",
-             f"{IND}%q8 = arith.muli %qc, %c8 : index", f"{IND}%qbase = arith.addi %q8, %c4 : index"]  # fmt: skip
+             f"{IND}%q8 = arith.muli %qc, %c8 : index", f"{IND}%qbase = arith.addi %q8, %c{first_q} : index"]  # fmt: skip
     lines += [load(["%sb", f"%ci{i}"], f"%h{i}", wref) for i in range(4)]
+    fifth = []
+    if q5:
+        for m in range(8):
+            lines += [f"{IND}%x5i{m} = arith.addi %c4, %ci{m} : index", load(["%sb", f"%x5i{m}"], f"%x5w{m}", wref)]
+            fifth.append(f"%x5w{m}")
     words = []
     for m in range(8):
         lines += [f"{IND}%qi{m} = arith.addi %qbase, %ci{m} : index", load(["%sb", f"%qi{m}"], f"%w{m}", wref)]
@@ -178,6 +187,14 @@ def _q4_k(wref: str) -> tuple[list[str], list[Sub]]:
         ]  # fmt: skip
         nib, outs = nibbles(words, b == 1, f"%q{b}_")
         lines += nib
+        if q5:  # bit j of each byte to bit 4: OR-ed into the nibbles
+            merged = []
+            for m, (w, hw) in enumerate(zip(outs, fifth, strict=True)):
+                v = f"{t}f{m}"
+                lines += [f"{IND}{v}s = arith.shrui {hw}, {t}j : i32", f"{IND}{v}a = arith.andi {v}s, %m01 : i32",
+                          f"{IND}{v}b = arith.shli {v}a, %c4i : i32", f"{IND}{v} = arith.ori {w}, {v}b : i32"]  # fmt: skip
+                merged.append(v)
+            outs = merged
         subs.append(Sub(f"%blk{b}", paired(outs, 0), f"{t}scale", f"{t}bias"))
     return lines, subs
 

@@ -27,6 +27,7 @@ stream.executable private @${NAME}_ex {
     %c2 = arith.constant 2 : index
     %c4 = arith.constant 4 : index
     %c8 = arith.constant 8 : index
+    %c12 = arith.constant 12 : index
     %c16 = arith.constant 16 : index
     %c32 = arith.constant 32 : index
     %c48 = arith.constant 48 : index
@@ -54,6 +55,7 @@ stream.executable private @${NAME}_ex {
     %c25i = arith.constant 25 : i32
     %c28i = arith.constant 28 : i32
     %c63i = arith.constant 63 : i32
+    %m01 = arith.constant 16843009 : i32  // 0x01010101
     %m03 = arith.constant 50529027 : i32  // 0x03030303
     %m20 = arith.constant 538976288 : i32  // 0x20202020
     %c255i = arith.constant 255 : i32

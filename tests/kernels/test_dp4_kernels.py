@@ -63,7 +63,7 @@ def quantize_like_kernel(x: Array) -> Array:
 
 @pytest.mark.vulkan
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_dp4_matmul_matches_dequantize(qtype: str, shape: tuple[int, int]) -> None:
     n, k = shape
     spec = DEVICES["vulkan"]()
@@ -121,4 +121,4 @@ def test_dp4_applies_where_the_target_has_dot_products(monkeypatch: pytest.Monke
     assert dp4.supports(q4, 64, 128) and not dp4.supports(q4, 64, 96)  # Q4_0: whole pairs of blocks
     assert dp4.supports(QUANT_TYPES["Q4_1"], 64, 96) and dp4.supports(QUANT_TYPES["Q4_K"], 64, 256)
     assert dp4.supports(QUANT_TYPES["Q6_K"], 64, 512) and not dp4.supports(QUANT_TYPES["Q6_K"], 64, 256)
-    assert not dp4.supports(QUANT_TYPES["Q5_K"], 64, 512)
+    assert dp4.supports(QUANT_TYPES["Q5_K"], 64, 256) and not dp4.supports(QUANT_TYPES["Q5_1"], 64, 256)
