@@ -72,13 +72,19 @@ def units(name: str, k: int) -> int:
 
 
 def half(word: str, high: bool, out: str) -> list[str]:
-    """f32 `out` from the f16 in the low or high half of i32 `word`."""
-    lines, src = [], word
+    """f32 `out` from the f16 in the low or high half of i32 `word`, decoded with integer ops (exact
+    for subnormals; IREE's targets that emulate f16 miscompile `arith.bitcast i16 -> f16`): the
+    magnitude's bits shifted into an f32's and scaled by 2^112, then the sign."""
+    src = word
+    lines = []
     if high:
-        lines.append(f"{IND}{out}_s = arith.shrui {word}, %c16i : i32")
-        src = f"{out}_s"
-    return [*lines, f"{IND}{out}_h = arith.trunci {src} : i32 to i16",
-            f"{IND}{out}_f = arith.bitcast {out}_h : i16 to f16", f"{IND}{out} = arith.extf {out}_f : f16 to f32"]  # fmt: skip
+        lines.append(f"{IND}{out}_hs = arith.shrui {word}, %c16i : i32")
+        src = f"{out}_hs"
+    return [*lines, f"{IND}{out}_m = arith.andi {src}, %c7fffi : i32", f"{IND}{out}_e = arith.shli {out}_m, %c13i : i32",
+            f"{IND}{out}_b = arith.bitcast {out}_e : i32 to f32", f"{IND}{out}_x = arith.mulf {out}_b, %p112 : f32",
+            f"{IND}{out}_xi = arith.bitcast {out}_x : f32 to i32", f"{IND}{out}_s0 = arith.andi {src}, %c8000i : i32",
+            f"{IND}{out}_s = arith.shli {out}_s0, %c16i : i32", f"{IND}{out}_o = arith.ori {out}_xi, {out}_s : i32",
+            f"{IND}{out} = arith.bitcast {out}_o : i32 to f32"]  # fmt: skip
 
 
 def joined(lo: str, hi: str, out: str) -> list[str]:

@@ -48,6 +48,10 @@ stream.executable private @${NAME}_ex {
     %c15i = arith.constant 15 : i32
     %c16i = arith.constant 16 : i32
     %c11i = arith.constant 11 : i32
+    %c13i = arith.constant 13 : i32
+    %c7fffi = arith.constant 32767 : i32
+    %c8000i = arith.constant 32768 : i32
+    %p112 = arith.constant 0x77800000 : f32  // 2^112: an f16's exponent bias into an f32's
     %c12i = arith.constant 12 : i32
     %c18i = arith.constant 18 : i32
     %c20i = arith.constant 20 : i32
