@@ -54,7 +54,7 @@ UNITS = {
 
 @dataclass(frozen=True)
 class Sub:
-    """One 32-block of a unit."""
+    """Weights of a unit under one scale: a 32-block (Q6_K: half of one), and the x block they meet."""
 
     xblock: str  # SSA index of its x block in the row
     words: tuple[tuple[str, int], ...]  # (weight word: 4 signed bytes, the x word 0-7 it multiplies)

@@ -7,13 +7,16 @@ right placeholders for a static (decode, T = 1) or dynamic (prefill, T = ?) toke
 the CPU the argmax, RMSNorm (alone or with the residual add before it) and q's RoPE are
 hand-written dispatches over a dynamic row count (`_rows_call`, which casts a one-token body's
 [1, n] to [?, n] and the result back). A decode batch's stacked dot8 matmul writes its parts
-part-major (`_part_major`: each part a contiguous slice, not a strided copy). A decode
-body's next integer dot-product matmul takes on the K/V prefetch set in `Body.kv_prefetch`
+part-major (`_part_major`: each part a contiguous slice, not a strided copy). On a Vulkan GPU
+target with integer dot products a decode body's matmuls take zinc.compiler.dp4's kernels, each
+activation rounded to int8 once for all the matmuls that read it (`_dp4_quantized`). On the CPU a
+decode body's next dot8 matmul takes on the K/V prefetch set in `Body.kv_prefetch`
 (zinc.compiler.kv_prefetch) and gets the slab, the rows' slots and lengths as operands. RoPE's
 cos/sin table is computed once per step; with Llama 3's per-pair frequency factors its
 frequencies are a constant (`rope_freqs`), so models without them keep the same MLIR.
 Imports: zinc.artifact (COPY_PLANE), zinc.compiler.kernels, zinc.compiler.tiled and
-zinc.compiler.dot8 (the repacked CPU weight layouts), zinc.compiler.gemm,
+zinc.compiler.dot8 (the repacked CPU weight layouts), zinc.compiler.dp4 (the Vulkan decode
+matmuls with integer dot products), zinc.compiler.gemm,
 zinc.compiler.attention_prefill, zinc.compiler.kv_prefetch, zinc.mlir templates.
 """
 
@@ -94,8 +97,8 @@ class ModuleEmitter:
         # the linalg matmuls read their loop indices from iota inputs (Vulkan GPU targets with
         # subgroups: zinc.compiler.kernels.with_index_inputs)
         self.index_inputs = index_inputs
-        # one-token matmuls with integer dot products on a Vulkan GPU target, for subgroups this
-        # wide (zinc.compiler.dp4); 0: the linalg matmuls
+        # decode matmuls (one token, or a decode batch's rows) with integer dot products on a
+        # Vulkan GPU target, for subgroups this wide (zinc.compiler.dp4); 0: the linalg matmuls
         self.dp4_subgroup = dp4_subgroup
         # the KV slab's type (compiler/paged.py): f16 on the CPU, on Vulkan f16 two to an i32 word
         self.kv_dtype = "f16" if tiled else "f16x2"

@@ -125,7 +125,7 @@ def emit_module(
     with subgroups (zinc.compiler.kernels.with_index_inputs); `gemm` (rows, operand type): the
     prefill entries' matmuls as a dequantization and a GEMM over chunks padded to that many rows
     (zinc.compiler.gemm; Vulkan); `copies`: GGUF tensors bound from an aligned copy in the .irpa
-    (ModuleEmitter.copies); `dp4_subgroup`: the one-token matmuls with integer dot products, for
+    (ModuleEmitter.copies); `dp4_subgroup`: the decode matmuls with integer dot products, for
     subgroups this wide (zinc.compiler.dp4; a Vulkan GPU target), 0: none."""
     mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies, dp4_subgroup=dp4_subgroup)
     mod.entries.append(_Entry(mod, desc, batch=0, gemm=gemm).text("prefill"))
