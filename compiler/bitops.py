@@ -3,7 +3,7 @@
 Owns: the text snippets that kernels and gathers splice into `linalg.generic` bodies: f16 and bf16
 values assembled from i8 bytes (`f16_to_f32`, `f16_bits_to_f32`, `bf16_to_f32`), f32 rounded to
 f16 bits (`f32_to_f16_bits`: the Vulkan KV slab's f16 values, two to an i32 word) and the 6-bit
-sub-block scale/min unpacking of the K-quants (`kquant_scale`). Everything is built from i8 bytes
+sub-block scale/min unpacking of the K-quants (`kquant_scale`, `kquant_scale_words`). Everything is built from i8 bytes
 or i32 words with extui/shli/ori/andi, never from an f16 or i16 bitcast: IREE's default Vulkan
 target emulates f16 and misreads i16 tensor elements, so these integer forms are the ones correct
 everywhere.
@@ -157,37 +157,48 @@ def kquant_scale(upper: str, indent: str = INDENT) -> str:
 
     The 12 scale bytes are three rows of four, A (bytes 0-3), B (4-7) and C (8-11); sub-block
     s = 4u + i (u in {0, 1}, i < 4) reads A[i], B[i], C[i], given here as i8 values `%ka`, `%kb`,
-    `%kc`, with the i1 `upper` = (u == 1):
+    `%kc`, with the i1 `upper` = (u == 1) (`kquant_scale_words`). Defines f32 `%ds` = d * sc and
+    `%dm` = dmin * m from the f32 `%d` and `%m` (dmin). The bytes are widened with extui first: on
+    Vulkan an i8 `shrui` whose result is not masked back to the low bits gives wrong values (i8 is
+    emulated in wider registers).
+    """
+    widen = [f"%ks_{r} = arith.extui %k{r} : i8 to i32" for r in "abc"]
+    return indented(widen, indent) + "\n" + kquant_scale_words(
+        ("%ks_a", "%ks_b", "%ks_c"), upper, ("%d", "%m"), ("%ds", "%dm"), "%ks", indent
+    )
+
+
+def kquant_scale_words(
+    abc: tuple[str, str, str], upper: str, d_dmin: tuple[str, str], out: tuple[str, str], tag: str,
+    indent: str = INDENT,
+) -> str:
+    """MLIR lines for `kquant_scale` from the bytes A[i], B[i], C[i] as i32 values 0-255 `abc`:
       u = 0: sc = A & 63,                  m = B & 63
       u = 1: sc = (C & 15) | (A >> 6) << 4, m = (C >> 4) | (B >> 6) << 4
-    Defines f32 `%ds` = d * sc and `%dm` = dmin * m from the f32 `%d` and `%m` (dmin). The bytes
-    are widened with extui first: on Vulkan an i8 `shrui` whose result is not masked back to the
-    low bits gives wrong values (i8 is emulated in wider registers).
-    """
+    `out` = (d * sc, dmin * m) in f32; `tag` prefixes the SSA names of the steps."""
+    a, b, c = abc
+    t = tag
     lines = [
-        "%ks_a = arith.extui %ka : i8 to i32",
-        "%ks_b = arith.extui %kb : i8 to i32",
-        "%ks_c = arith.extui %kc : i8 to i32",
-        "%ks_c63 = arith.constant 63 : i32",
-        "%ks_c15 = arith.constant 15 : i32",
-        "%ks_c6 = arith.constant 6 : i32",
-        "%ks_c4 = arith.constant 4 : i32",
-        "%ks_sl = arith.andi %ks_a, %ks_c63 : i32",
-        "%ks_ml = arith.andi %ks_b, %ks_c63 : i32",
-        "%ks_a6 = arith.shrui %ks_a, %ks_c6 : i32",
-        "%ks_a4 = arith.shli %ks_a6, %ks_c4 : i32",
-        "%ks_cl = arith.andi %ks_c, %ks_c15 : i32",
-        "%ks_su = arith.ori %ks_cl, %ks_a4 : i32",
-        "%ks_b6 = arith.shrui %ks_b, %ks_c6 : i32",
-        "%ks_b4 = arith.shli %ks_b6, %ks_c4 : i32",
-        "%ks_ch = arith.shrui %ks_c, %ks_c4 : i32",
-        "%ks_mu = arith.ori %ks_ch, %ks_b4 : i32",
-        f"%ks_sc = arith.select {upper}, %ks_su, %ks_sl : i32",
-        f"%ks_mn = arith.select {upper}, %ks_mu, %ks_ml : i32",
-        "%ks_scf = arith.uitofp %ks_sc : i32 to f32",
-        "%ks_mnf = arith.uitofp %ks_mn : i32 to f32",
-        "%ds = arith.mulf %d, %ks_scf : f32",
-        "%dm = arith.mulf %m, %ks_mnf : f32",
+        f"{t}_c63 = arith.constant 63 : i32",
+        f"{t}_c15 = arith.constant 15 : i32",
+        f"{t}_c6 = arith.constant 6 : i32",
+        f"{t}_c4 = arith.constant 4 : i32",
+        f"{t}_sl = arith.andi {a}, {t}_c63 : i32",
+        f"{t}_ml = arith.andi {b}, {t}_c63 : i32",
+        f"{t}_a6 = arith.shrui {a}, {t}_c6 : i32",
+        f"{t}_a4 = arith.shli {t}_a6, {t}_c4 : i32",
+        f"{t}_cl = arith.andi {c}, {t}_c15 : i32",
+        f"{t}_su = arith.ori {t}_cl, {t}_a4 : i32",
+        f"{t}_b6 = arith.shrui {b}, {t}_c6 : i32",
+        f"{t}_b4 = arith.shli {t}_b6, {t}_c4 : i32",
+        f"{t}_ch = arith.shrui {c}, {t}_c4 : i32",
+        f"{t}_mu = arith.ori {t}_ch, {t}_b4 : i32",
+        f"{t}_sc = arith.select {upper}, {t}_su, {t}_sl : i32",
+        f"{t}_mn = arith.select {upper}, {t}_mu, {t}_ml : i32",
+        f"{t}_scf = arith.uitofp {t}_sc : i32 to f32",
+        f"{t}_mnf = arith.uitofp {t}_mn : i32 to f32",
+        f"{out[0]} = arith.mulf {d_dmin[0]}, {t}_scf : f32",
+        f"{out[1]} = arith.mulf {d_dmin[1]}, {t}_mnf : f32",
     ]
     return indented(lines, indent)
 

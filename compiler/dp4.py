@@ -36,10 +36,7 @@ SUBGROUP: dict[str, int] = {
     "valhall": 16, "valhall1": 16, "valhall2": 16, "valhall3": 16, "valhall4": 16,
     "adreno": 64,
 }  # fmt: skip
-SUBGROUPS_PER_WG = 4  # subgroups per workgroup, each its own rows
-# rows of W per subgroup: one, so that a matrix of a 1B model (2,048 rows) still spreads over
-# 2,048 subgroups, as many as a large GPU keeps in flight (nothing is shared between rows)
-ROWS = 1
+SUBGROUPS_PER_WG = 4  # subgroups per workgroup, each one row of W
 QUANTIZE_WG = 64  # invocations (blocks) per workgroup of the quantize kernel
 ENV = "ZINC_VULKAN_DOT"
 
@@ -112,8 +109,8 @@ def render_decode(q: QuantType, n: int, k: int, s: int, rows: int = 1) -> str:
                    "        scf.if %first {", f"          memref.store %tot{t}, %y[%ct{t}, %row] : {yref}", "        }"]  # fmt: skip
     ts = range(rows)
     subs_text = {
-        "NAME": decode_name(q, n, k, s, rows), "S": s, "SG": SUBGROUPS_PER_WG, "R": ROWS, "N": n, "T": rows,
-        "WGS": -(-n // (SUBGROUPS_PER_WG * ROWS)), "U": units(q.name, k), "B": k // 32, "WTYPE": q.param_type(n, k),
+        "NAME": decode_name(q, n, k, s, rows), "S": s, "SG": SUBGROUPS_PER_WG, "N": n, "T": rows,
+        "WGS": -(-n // SUBGROUPS_PER_WG), "U": units(q.name, k), "B": k // 32, "WTYPE": q.param_type(n, k),
         "CONSTS": "\n".join([*(f"    %ci{i} = arith.constant {i} : index" for i in range(36)),
                              *(f"    %ct{t} = arith.constant {t} : index" for t in ts)]),
         "UNIT": "\n".join(body), "WREF": wref, "XQREF": xqref, "YREF": yref, "STORES": "\n".join(stores),

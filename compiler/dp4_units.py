@@ -21,12 +21,14 @@ its offset (Q4_0's -8) or minimum (Q4_1's m, Q4_K's dmin * m) left to the bias.
     word): x blocks c and c + 2 of one half, which share their bytes, each as two 16-weight
     Subs with their own scale; a 6-bit q becomes the signed byte q - 32 (bit 5 flipped, then
     sign-extended), so there is no bias.
-Imports: nothing of zinc's.
+Imports: zinc.compiler.bitops (f16 and K-quant scale decoding).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from zinc.compiler.bitops import f16_bits_to_f32, kquant_scale_words
 
 IND = "          "  # the indent of a unit's lines in mlir/dp4_decode.mlir
 
@@ -72,19 +74,10 @@ def units(name: str, k: int) -> int:
 
 
 def half(word: str, high: bool, out: str) -> list[str]:
-    """f32 `out` from the f16 in the low or high half of i32 `word`, decoded with integer ops (exact
-    for subnormals; IREE's targets that emulate f16 miscompile `arith.bitcast i16 -> f16`): the
-    magnitude's bits shifted into an f32's and scaled by 2^112, then the sign."""
-    src = word
-    lines = []
-    if high:
-        lines.append(f"{IND}{out}_hs = arith.shrui {word}, %c16i : i32")
-        src = f"{out}_hs"
-    return [*lines, f"{IND}{out}_m = arith.andi {src}, %c7fffi : i32", f"{IND}{out}_e = arith.shli {out}_m, %c13i : i32",
-            f"{IND}{out}_b = arith.bitcast {out}_e : i32 to f32", f"{IND}{out}_x = arith.mulf {out}_b, %p112 : f32",
-            f"{IND}{out}_xi = arith.bitcast {out}_x : f32 to i32", f"{IND}{out}_s0 = arith.andi {src}, %c8000i : i32",
-            f"{IND}{out}_s = arith.shli {out}_s0, %c16i : i32", f"{IND}{out}_o = arith.ori {out}_xi, {out}_s : i32",
-            f"{IND}{out} = arith.bitcast {out}_o : i32 to f32"]  # fmt: skip
+    """f32 `out` from the f16 in the low or high half of i32 `word` (bitops.f16_bits_to_f32:
+    integer ops, exact for subnormal scales without an f32 denormal, which GPUs may flush)."""
+    op = f"arith.shrui {word}, %c16i" if high else f"arith.andi {word}, %c65535i"
+    return [f"{IND}{out}_bits = {op} : i32", *f16_bits_to_f32(f"{out}_bits", out, IND).split("\n")]
 
 
 def joined(lo: str, hi: str, out: str) -> list[str]:
@@ -153,9 +146,8 @@ def unit_lines(name: str, wref: str) -> tuple[list[str], list[Sub]]:
 
 def _k_quarter(wref: str, q5: bool) -> tuple[list[str], list[Sub]]:
     """Q4_K or Q5_K unit %u: quarter c = u % 4 of super-block u / 4: 32-blocks 2c (low nibbles) and
-    2c + 1 (high nibbles) of 8 words, their 6-bit scale and min j = 2c, 2c + 1 from the 12 scale
-    bytes s: j < 4: s[j] & 63 and s[j + 4] & 63; else (s[j + 4] & 15) | (s[j - 4] >> 6) << 4 and
-    (s[j + 4] >> 4) | (s[j] >> 6) << 4. Q5_K: the fifth bit of weight l of block j is bit j of
+    2c + 1 (high nibbles) of 8 words, their 6-bit scale and min j = 2c, 2c + 1 from byte j % 4 of
+    each row of 4 of the 12 scale bytes (bitops.kquant_scale_words, upper half: j >= 4). Q5_K: the fifth bit of weight l of block j is bit j of
     byte l of the 32 bytes (8 words) after the scales; its quants start 32 bytes later."""
     first_q = 12 if q5 else 4  # the word of the quants of quarter 0
     lines = [f"{IND}%sb = arith.divui %u, %c4 : index", f"{IND}%qc = arith.remui %u, %c4 : index",
@@ -180,17 +172,8 @@ def _k_quarter(wref: str, q5: bool) -> tuple[list[str], list[Sub]]:
                   f"{IND}{t}i = arith.andi {t}j, %c3i : i32", f"{IND}{t}sh = arith.muli {t}i, %c8i : i32"]  # fmt: skip
         for src, byte in (("%h1", "a"), ("%h2", "b"), ("%h3", "e")):  # byte i of s[0:4], s[4:8], s[8:12]
             lines += [f"{IND}{t}{byte}s = arith.shrui {src}, {t}sh : i32", f"{IND}{t}{byte} = arith.andi {t}{byte}s, %c255i : i32"]
-        lines += [
-            f"{IND}{t}sc_lo = arith.andi {t}a, %c63i : i32", f"{IND}{t}m_lo = arith.andi {t}b, %c63i : i32",
-            f"{IND}{t}e15 = arith.andi {t}e, %c15i : i32", f"{IND}{t}e4 = arith.shrui {t}e, %c4i : i32",
-            f"{IND}{t}a6 = arith.shrui {t}a, %c6i : i32", f"{IND}{t}a64 = arith.shli {t}a6, %c4i : i32",
-            f"{IND}{t}b6 = arith.shrui {t}b, %c6i : i32", f"{IND}{t}b64 = arith.shli {t}b6, %c4i : i32",
-            f"{IND}{t}sc_hi = arith.ori {t}e15, {t}a64 : i32", f"{IND}{t}m_hi = arith.ori {t}e4, {t}b64 : i32",
-            f"{IND}{t}sc = arith.select %hi, {t}sc_hi, {t}sc_lo : i32", f"{IND}{t}mi = arith.select %hi, {t}m_hi, {t}m_lo : i32",
-            f"{IND}{t}scf = arith.uitofp {t}sc : i32 to f32", f"{IND}{t}mf = arith.uitofp {t}mi : i32 to f32",
-            f"{IND}{t}scale = arith.mulf %d, {t}scf : f32", f"{IND}{t}dm = arith.mulf %dmin, {t}mf : f32",
-            f"{IND}{t}bias = arith.negf {t}dm : f32",
-        ]  # fmt: skip
+        scale = kquant_scale_words((f"{t}a", f"{t}b", f"{t}e"), "%hi", ("%d", "%dmin"), (f"{t}scale", f"{t}dm"), f"{t}ks", IND)
+        lines += [*scale.split("\n"), f"{IND}{t}bias = arith.negf {t}dm : f32"]
         nib, outs = nibbles(words, b == 1, f"%q{b}_")
         lines += nib
         if q5:  # bit j of each byte to bit 4: OR-ed into the nibbles

@@ -3,14 +3,15 @@
 // it is, read as 32-bit words (compiler/dp4_units.py: a type's units); x comes quantized per
 // 32-block (mlir/dp4_quantize.mlir: xq [T, B, 10] words, 8 of 4 int8 each, then the bits of dx and
 // sx). A workgroup is SG subgroups of S invocations (workgroup size [S, SG], so invocation y is the
-// subgroup); each subgroup takes R rows of W in turn, its invocations units lane, lane + S, ... of
-// the row, so a subgroup's loads of a row are contiguous, and each unit is read once for the T
+// subgroup); each subgroup takes one row of W (so a 2,048-row matrix spreads over 2,048 subgroups,
+// as many as a large GPU keeps in flight), its invocations units lane, lane + S, ... of the row, so
+// a subgroup's loads of the row are contiguous, and each unit is read once for the T
 // tokens. Per 32-block and token: SDotAccSat of 4 weights and 4 activations at a time, then the
 // block's scale and bias in f32; each token's sum is a subgroup reduction. Every binding is viewed
 // at offset %z, a zero the compiler cannot see (an optimization barrier at the call), so that its
 // memref always has a dynamic offset (`strided<..., offset: ?>`): IREE passes some bindings'
 // offsets at run time and others not, and its SPIR-V lowering fails on a hand-written memref
-// whose type does not say which. Placeholders: NAME, S, SG, R, T, WGS (workgroups), N, U (units
+// whose type does not say which. Placeholders: NAME, S, SG, T, WGS (workgroups), N, U (units
 // per row), B, WTYPE (the weight's tensor type), WREF, XQREF, YREF (the memref types), CONSTS,
 // UNIT (one unit's lines, from %acc0.. to %out0..), ITER, TYPES, RESULTS, YIELD, STORES.
 stream.executable private @${NAME}_ex {
@@ -35,7 +36,6 @@ stream.executable private @${NAME}_ex {
     %cS = arith.constant ${S} : index
     %cSG = arith.constant ${SG} : index
     %cU = arith.constant ${U} : index
-    %cR = arith.constant ${R} : index
     %cN = arith.constant ${N} : index
     %nib = arith.constant 252645135 : i32  // 0x0F0F0F0F: the low nibble of each byte
     %c0i = arith.constant 0 : i32
@@ -43,22 +43,16 @@ stream.executable private @${NAME}_ex {
     %c2i = arith.constant 2 : i32
     %c3i = arith.constant 3 : i32
     %c4i = arith.constant 4 : i32
-    %c6i = arith.constant 6 : i32
     %c8i = arith.constant 8 : i32
-    %c15i = arith.constant 15 : i32
     %c16i = arith.constant 16 : i32
     %c11i = arith.constant 11 : i32
-    %c13i = arith.constant 13 : i32
-    %c7fffi = arith.constant 32767 : i32
-    %c8000i = arith.constant 32768 : i32
-    %p112 = arith.constant 0x77800000 : f32  // 2^112: an f16's exponent bias into an f32's
+    %c65535i = arith.constant 65535 : i32
     %c12i = arith.constant 12 : i32
     %c18i = arith.constant 18 : i32
     %c20i = arith.constant 20 : i32
     %c24i = arith.constant 24 : i32
     %c25i = arith.constant 25 : i32
     %c28i = arith.constant 28 : i32
-    %c63i = arith.constant 63 : i32
     %m01 = arith.constant 16843009 : i32  // 0x01010101
     %m03 = arith.constant 50529027 : i32  // 0x03030303
     %m20 = arith.constant 538976288 : i32  // 0x20202020
@@ -75,19 +69,15 @@ ${CONSTS}
     %lane = gpu.thread_id x
     %sg = gpu.thread_id y
     %wsg = arith.muli %wg, %cSG : index
-    %gsg = arith.addi %wsg, %sg : index
-    %r0 = arith.muli %gsg, %cR : index
+    %row = arith.addi %wsg, %sg : index
     %first = arith.cmpi eq, %lane, %c0 : index
-    scf.for %rr = %c0 to %cR step %c1 {
-      %row = arith.addi %r0, %rr : index
-      %inside = arith.cmpi ult, %row, %cN : index
-      scf.if %inside {
-        ${RESULTS} = scf.for %u = %lane to %cU step %cS iter_args(${ITER}) -> (${TYPES}) {
+    %inside = arith.cmpi ult, %row, %cN : index
+    scf.if %inside {
+      ${RESULTS} = scf.for %u = %lane to %cU step %cS iter_args(${ITER}) -> (${TYPES}) {
 ${UNIT}
-          scf.yield ${YIELD} : ${TYPES}
-        }
-${STORES}
+        scf.yield ${YIELD} : ${TYPES}
       }
+${STORES}
     }
     return
     }

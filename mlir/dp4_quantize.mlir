@@ -4,7 +4,8 @@
 // in byte e of word m), 8 the bits of d and 9 those of d * sum q (the Q4_0 offset and the Q4_1
 // minimum multiply it): one tensor, so that a matmul reads its x through one binding.
 // The bindings are viewed at a zero offset the compiler cannot see, as in mlir/dp4_decode.mlir.
-// Placeholders: NAME, K, R (rows of x), KB (blocks a row), B (blocks in all), WG (invocations per workgroup), WGS (workgroups), XREF, XQREF (memref types).
+// Placeholders: NAME, K, R (rows of x), KB (blocks a row), B (blocks in all), WG (invocations per
+// workgroup), WGS (workgroups), XREF, XQREF (memref types).
 stream.executable private @${NAME}_ex {
   stream.executable.export public @${NAME} workgroups() -> (index, index, index) {
     %x = arith.constant ${WGS} : index
