@@ -65,7 +65,7 @@ def f32_const(x: float) -> str:
 
 def _argmax_indices(blocks: int, block: int, iotas: bool) -> dict[str, str]:
     """mlir/argmax.mlir's block and element numbers: `linalg.index`, or on named GPU targets i32
-    iota constants read as inputs (zinc.compiler.kernels.with_index_inputs)."""
+    iota constants read as inputs (zinc.compiler.targets.index_inputs)."""
     if not iotas:
         lines = ["%n = linalg.index 1 : index", "%b = linalg.index 2 : index",
                  "%ni = arith.index_cast %n : index to i32", "%bi = arith.index_cast %b : index to i32"]  # fmt: skip
@@ -94,8 +94,8 @@ class ModuleEmitter:
     ) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
-        # the linalg matmuls read their loop indices from iota inputs (Vulkan GPU targets with
-        # subgroups: zinc.compiler.kernels.with_index_inputs)
+        # the forms for IREE's subgroup pipelines: iota inputs for loop indices, quantized matmuls
+        # over two reduction dims (Vulkan GPU targets: zinc.compiler.targets.index_inputs)
         self.index_inputs = index_inputs
         # decode matmuls (one token, or a decode batch's rows) with integer dot products on a
         # Vulkan GPU target, for subgroups this wide (zinc.compiler.dp4); 0: the linalg matmuls

@@ -122,7 +122,7 @@ def emit_module(
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
     one decode entry per batch size (1 is always included: single-sequence decode);
     `kv_write_parallel` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
-    with subgroups (zinc.compiler.kernels.with_index_inputs); `gemm` (rows, operand type): the
+    with subgroups (zinc.compiler.targets.index_inputs); `gemm` (rows, operand type): the
     prefill entries' matmuls as a dequantization and a GEMM over chunks padded to that many rows
     (zinc.compiler.gemm; Vulkan); `copies`: GGUF tensors bound from an aligned copy in the .irpa
     (ModuleEmitter.copies); `dp4_subgroup`: the decode matmuls with integer dot products, for

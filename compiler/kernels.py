@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from importlib import resources
 from string import Template
 
+from zinc.compiler import subgroup_matmul
 from zinc.compiler.bitops import (
     bf16_to_f32,
     f16_bits_to_f32,
@@ -103,7 +104,8 @@ def matmul_name(q: QuantType, n: int, k: int, dynamic: bool) -> str:
 
 def render_matmul(q: QuantType, n: int, k: int, dynamic: bool, index_inputs: bool = False) -> str:
     """A private func `y[T, n] = x[T, k] @ W[n, k]^T` with W bound raw from the GGUF; with
-    `index_inputs`, the form for GPU targets with subgroups (`with_index_inputs`)."""
+    `index_inputs` (named GPU targets: zinc.compiler.targets.index_inputs), a nibble-packed type
+    takes its form of two reduction dims (zinc.compiler.subgroup_matmul)."""
     if k % q.block:
         raise UnsupportedModelError(f"{q.name} matrix with {k} columns is not a whole number of blocks")
     subs = {
@@ -119,56 +121,9 @@ def render_matmul(q: QuantType, n: int, k: int, dynamic: bool, index_inputs: boo
         "KSCALE": kquant_scale("%upper"),
         **t_dims(dynamic),
     }
-    text = template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
-    return with_index_inputs(text, q.name) if index_inputs else text
-
-
-# The loop indices each quantized matmul's body reads with linalg.index: (SSA name, loop dim, size).
-LOOP_INDICES: dict[str, tuple[tuple[str, int, int], ...]] = {
-    "Q4_0": (("h", 3, 2),),
-    "Q4_1": (("h", 3, 2),),
-    "Q5_0": (("h", 3, 2), ("j", 4, 16)),
-    "Q5_1": (("h", 3, 2), ("j", 4, 16)),
-    "Q4_K": (("u", 3, 2), ("h", 5, 2)),
-    "Q5_K": (("u", 3, 2), ("h", 5, 2), ("c", 4, 2)),
-    "Q6_K": (("mh", 4, 2), ("ml", 5, 2)),
-}
-
-
-def with_index_inputs(text: str, qname: str) -> str:
-    """The matmul `text` with the loop indices of its body read from i32 iota inputs instead of
-    `linalg.index`, the same arithmetic otherwise.
-
-    On GPU targets with subgroups (ampere, rdna3, ...) IREE 3.13 compiles these matmuls with its
-    SubgroupReduce pipeline, which keeps the vectorized `linalg.index` values of the reduction in
-    workgroup memory as `index`, a type SPIR-V cannot store ("failed to legalize operation
-    'memref.alloc' ... memref<576xindex, #spirv.storage_class<Workgroup>>"); an i32 input is
-    stored as i32. The generic target (lavapipe) keeps linalg.index: there the iota form of a
-    one-token matmul crashes IREE's SPIR-V vector unrolling (a segfault in getDimPosition).
-    """
-    found = LOOP_INDICES.get(qname, ())
-    if not found:
-        return text
-    sizes = sorted({size for _, _, size in found})
-    iotas = "".join(
-        f"  %iota{n} = arith.constant dense<[{', '.join(map(str, range(n)))}]> : tensor<{n}xi32>\n" for n in sizes
-    )
-    text = sub_once(r"(  %zero = arith.constant 0\.0 : f32\n)", lambda m: m.group(1) + iotas, text)
-    out_map = re.search(r"affine_map<\(([^)]*)\) -> \(t, n\)>\],", text)
-    if out_map is None:
-        raise AssertionError(f"matmul_{qname} template: no output map")
-    maps = "".join(f"affine_map<({out_map.group(1)}) -> ({var})>,\n        " for var, _, _ in found)
-    text = text[: out_map.start()] + maps + text[out_map.start() :]
-    text = sub_once(r"(ins\([^:]*%xb)( :)", lambda m: m.group(1) + "".join(f", %iota{n}" for _, _, n in found) + m.group(2), text)
-    text = sub_once(
-        r"(xf32>)(\)\n\s*outs\()", lambda m: m.group(1) + "".join(f", tensor<{n}xi32>" for _, _, n in found) + m.group(2), text
-    )
-    args = "".join(f"%{var}_i: i32, " for var, _, _ in found)
-    text = sub_once(r"%xv: f32, %a: f32\):", lambda m: f"%xv: f32, {args}%a: f32):", text)
-    for var, dim, _ in found:
-        cast = f"%{var} = arith.index_cast %{var}_i : i32 to index"
-        text = sub_once(rf"%{var} = linalg\.index {dim} : index", cast, text)
-    return text
+    if index_inputs and q.name in subgroup_matmul.FORMS:
+        return subgroup_matmul.render(q.name, q.block, q.block_bytes, subs["NAME"], n, k, t_dims(dynamic))
+    return template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
 
 
 def sub_once(pattern: str, repl: str | Callable[[re.Match[str]], str], text: str) -> str:

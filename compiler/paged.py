@@ -231,8 +231,8 @@ def _render_batch_attention(name: str, hp: HParams, b: Body, scale: float, win: 
 def _slab_index_inputs(text: str, heads_kv: int, head_dim: int) -> str:
     """attention_batch.mlir with the (g, d) loop indices of its two slab reads taken from i32 iota
     inputs, not linalg.index: on GPU targets with subgroups IREE keeps them in workgroup memory as
-    `index`, which SPIR-V cannot store (as zinc.compiler.kernels.with_index_inputs for the
-    matmuls); the generic target keeps linalg.index."""
+    `index`, which SPIR-V cannot store (zinc.compiler.targets.index_inputs); the generic target
+    keeps linalg.index."""
     iotas = (
         f"  %iota_g = arith.constant dense<[{', '.join(map(str, range(heads_kv)))}]> : tensor<{heads_kv}xi32>\n"
         f"  %iota_d = arith.constant dense<[{', '.join(map(str, range(head_dim)))}]> : tensor<{head_dim}xi32>\n"

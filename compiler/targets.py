@@ -187,8 +187,14 @@ def vulkan_target_flags(name: str) -> tuple[str, ...]:
 
 
 def index_inputs(name: str) -> bool:
-    """Whether the Vulkan target's linalg matmuls read their loop indices from iota inputs
-    (zinc.compiler.kernels.with_index_inputs): every named GPU target, not GENERIC."""
+    """Whether the Vulkan target's kernels take their forms for IREE's subgroup pipelines: every
+    named GPU target, not GENERIC. Those pipelines (SubgroupReduce) keep a reduction's vectorized
+    `linalg.index` values in workgroup memory as `index`, a type SPIR-V cannot store ("failed to
+    legalize operation 'memref.alloc' ... memref<576xindex, #spirv.storage_class<Workgroup>>"),
+    so the argmax and the batch attention read their loop indices from i32 iota constants, and
+    the quantized matmuls loop over two reduction dims (zinc.compiler.subgroup_matmul says why).
+    The generic target keeps linalg.index: there an iota form of a one-token matmul crashed IREE's
+    SPIR-V vector unrolling (a segfault in getDimPosition)."""
     return check_vulkan_target(name) != GENERIC
 
 

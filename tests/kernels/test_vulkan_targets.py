@@ -3,9 +3,10 @@
 `zinc compile --target vulkan` compiles for the GPU in the machine (zinc.compiler.targets
 `vulkan_target_for`, from the device's properties as zinc.runtime.vulkan_probe reads them) or the
 one `--vulkan-target` names. Named GPU targets (ampere, rdna3, ...) enable IREE's subgroup
-pipelines, under which the linalg quantized matmuls must read their loop indices from iota inputs
-(zinc.compiler.kernels.with_index_inputs); the generic target keeps the original form, so
-lavapipe's results do not change. Compile only here: there is no GPU to run ampere or rdna3 code.
+pipelines, under which the nibble-packed matmuls take forms of two reduction dims
+(zinc.compiler.subgroup_matmul; tests/kernels/test_subgroup_matmul.py runs them on lavapipe); the
+generic target keeps the templates' forms, so lavapipe's results do not change. Compile only
+here: there is no GPU to run ampere or rdna3 code.
 The whole models and the real-shape widths are in the slow tier (minutes of iree-compile).
 """
 
@@ -20,12 +21,12 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEVICES
-from tests.kernels.test_quant_kernels import quantized
 from tests.kernels.test_real_shape_kernels import widths_for
 from zinc.compiler import paged
 from zinc.compiler.build import artifact_key, plan
 from zinc.compiler.emitter import Body, ModuleEmitter
-from zinc.compiler.kernels import LOOP_INDICES, QUANT_TYPES, matmul_name, render_matmul
+from zinc.compiler.kernels import QUANT_TYPES, matmul_name, render_matmul
+from zinc.compiler.subgroup_matmul import FORMS
 from zinc.compiler.targets import (
     AMD,
     ARM,
@@ -121,22 +122,25 @@ def matmul_module(qname: str, n: int, k: int, dynamic: bool, index_inputs: bool)
     )
 
 
-def test_the_gpu_form_reads_no_loop_index_and_the_generic_form_is_unchanged() -> None:
-    for qname, indices in LOOP_INDICES.items():
+def test_the_gpu_form_loops_over_two_reduction_dims_and_the_generic_form_is_unchanged() -> None:
+    two = '["parallel", "parallel", "reduction", "reduction"]'
+    for qname in FORMS:
         gpu = render_matmul(QUANT_TYPES[qname], 32, 256, True, index_inputs=True)
         generic = render_matmul(QUANT_TYPES[qname], 32, 256, True)
-        assert "= linalg.index" not in gpu and f"%{indices[0][0]}_i: i32" in gpu
-        assert generic.count("= linalg.index") == len(indices)
+        assert "= linalg.index" not in gpu and gpu.count("linalg.generic") == 1 and two in gpu
+        assert "= linalg.index" in generic and two not in generic
+    q8 = QUANT_TYPES["Q8_0"]  # two reduction dims already: one form everywhere
+    assert render_matmul(q8, 32, 256, True, index_inputs=True) == render_matmul(q8, 32, 256, True)
 
 
-QUANTIZED = (*LOOP_INDICES, "Q8_0", "F16", "F32")
+QUANTIZED = (*FORMS, "Q8_0", "F16", "F32")
 
 
 @pytest.mark.parametrize("target", GPU_TARGETS)
 def test_every_matmul_compiles_for_the_gpu_targets(target: str) -> None:
     """One module of every linalg matmul form (a prompt and one token) for the target, compiled:
-    before the iota inputs, every nibble-packed type failed for ampere and rdna3 (memref.alloc of
-    index in workgroup memory)."""
+    with linalg.index in their bodies, every nibble-packed type failed for ampere and rdna3
+    (memref.alloc of index in workgroup memory)."""
     index_inputs = target != GENERIC
     parts = []
     for i, qname in enumerate(QUANTIZED):
@@ -144,22 +148,6 @@ def test_every_matmul_compiles_for_the_gpu_targets(target: str) -> None:
             text = matmul_module(qname, 64, 512, dynamic, index_inputs)
             parts.append(text.replace("@main", f"@main{i}{'t' if dynamic else '1'}"))
     compile_mlir("\n".join(parts), "vulkan", vulkan_target_flags(target))
-
-
-@pytest.mark.vulkan
-def test_the_gpu_form_computes_the_same_bits_on_lavapipe() -> None:
-    """The iota-input form is the same arithmetic: a prompt's matmul through it equals the
-    linalg.index form bit for bit (lavapipe, generic target, where both compile for a prompt)."""
-    spec = DEVICES["vulkan"]()
-    rng = np.random.default_rng(5)
-    for qname in ("Q4_1", "Q5_0", "Q4_K", "Q6_K"):
-        raw, _ = quantized(qname, 32, 256, rng)
-        x = rng.standard_normal((3, 256)).astype(np.float32)
-        ys = []
-        for index_inputs in (False, True):
-            mod = LoadedModule(compile_mlir(matmul_module(qname, 32, 256, True, index_inputs), "vulkan"), spec.uri)
-            ys.append(to_host(mod.fn("main")(mod.to_device(raw), mod.to_device(x)), mod.device))
-        assert np.array_equal(ys[0], ys[1]), qname
 
 
 @pytest.mark.vulkan
