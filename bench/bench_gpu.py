@@ -320,6 +320,12 @@ def check_lines(check: Json, names: dict[str, str]) -> list[str]:
             continue
         errs = ", ".join(f"{s['step']} {s['rel_err']:.1e}" for s in c["steps"])
         lines.append(f"- {name}: {errs}; greedy tokens agree on {c['tokens_agree']} of {c['of']} steps.")
+        lin = c.get("linalg", {})
+        if "steps" in lin:
+            errs = ", ".join(f"{s['step']} {s['rel_err']:.1e}" for s in lin["steps"])
+            lines.append(f"  - without the integer dot-product matmuls: {errs}; tokens agree on {lin['tokens_agree']} of {lin['of']}.")
+        elif lin:
+            lines.append(f"  - without the integer dot-product matmuls: not checked ({lin['error'].splitlines()[-1][:200]})")
     return lines
 
 

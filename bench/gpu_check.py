@@ -7,7 +7,8 @@ GEMM prefill, the subgroup matvecs, the f16 KV slab) have never run on a GPU, an
 nothing of whether they compute the model. For each model of the bundle whose weights are at most
 --max-bytes (numpy takes minutes over an 8B model), a prompt of PROMPT tokens (two prefill calls:
 128 rows and a padded 72) and DECODE_STEPS decode steps, fed the reference's greedy tokens: each
-step's max |logit error| over the largest |logit|, and whether the greedy tokens agree.
+step's max |logit error| over the largest |logit|, and whether the greedy tokens agree; the same
+for the model's artifact without the dp4 matmuls, where the bundle carries one (under "linalg").
 The bundle's models have random weights, which make the forward pass chaotic (a value rounded
 another way flips what an attention head picks): on lavapipe, whose arithmetic is f32 with an f16
 KV slab, SmolLM2's steps are within about 3e-3 of the reference, and the GPU targets' f16 GEMM
@@ -33,32 +34,54 @@ def prompt_ids(n: int) -> list[int]:
     return [3000 + (i * 7919) % 40000 for i in range(n)]
 
 
-def check(model: Json) -> Json:
+def reference(gguf: str) -> list[tuple[list[int], Any]]:
+    """The float64 reference's steps: (the ids fed, its logits), the prompt and then DECODE_STEPS
+    of its own greedy tokens; every artifact of the model is fed the same."""
     import numpy as np
 
     from zinc.model.gguf_file import open_gguf
     from zinc.model.reference import ReferenceModel
+
+    ref = ReferenceModel(open_gguf(gguf), kv_f16=True, lazy=True)
+    ids = prompt_ids(PROMPT)
+    steps = [(ids, ref.forward(ids)[-1])]
+    for _ in range(DECODE_STEPS):
+        token = [int(np.argmax(steps[-1][1]))]
+        steps.append((token, ref.forward(token)[-1]))
+    return steps
+
+
+def check(artifact: str, gguf: str, want: list[tuple[list[int], Any]]) -> Json:
+    import numpy as np
+
     from zinc.runtime.device import resolve_device
     from zinc.runtime.session import ModelSession
 
     t0 = time.monotonic()
-    session = ModelSession(Path(model["artifact"]), Path(model["gguf"]), resolve_device("vulkan"), context_length=512)
-    ref = ReferenceModel(open_gguf(model["gguf"]), kv_f16=True, lazy=True)
+    session = ModelSession(Path(artifact), Path(gguf), resolve_device("vulkan"), context_length=512)
     steps: list[Json] = []
-    ids = prompt_ids(PROMPT)
-    got, want = session.prefill(ids).logits(), ref.forward(ids)[-1]
-    pos = len(ids)
-    for i in range(DECODE_STEPS + 1):
-        scale = float(np.abs(want).max())
-        steps.append({"step": "prefill" if i == 0 else f"decode {i}", "rel_err": float(np.abs(got - want).max()) / scale,
-                      "argmax": [int(np.argmax(got)), int(np.argmax(want))], "max_logit": scale})  # fmt: skip
-        if i == DECODE_STEPS:
-            break
-        token = int(np.argmax(want))  # both go on from the reference's token
-        got, want = session.decode(token, pos).logits(), ref.forward([token])[-1]
-        pos += 1
+    pos = 0
+    for i, (ids, expect) in enumerate(want):
+        got = (session.prefill(ids) if i == 0 else session.decode(ids[0], pos)).logits()
+        pos += len(ids)
+        scale = float(np.abs(expect).max())
+        steps.append({"step": "prefill" if i == 0 else f"decode {i}", "rel_err": float(np.abs(got - expect).max()) / scale,
+                      "argmax": [int(np.argmax(got)), int(np.argmax(expect))], "max_logit": scale})  # fmt: skip
     return {"steps": steps, "seconds": time.monotonic() - t0, "worst_rel_err": max(s["rel_err"] for s in steps),
             "tokens_agree": sum(s["argmax"][0] == s["argmax"][1] for s in steps), "of": len(steps)}  # fmt: skip
+
+
+def check_model(model: Json, end: float) -> Json:
+    """`check` of the model's artifact, and of its `artifact_linalg` (the decode matmuls without
+    integer dot products: zinc.compiler.subgroup_matmul's forms) under "linalg" while time is left."""
+    want = reference(model["gguf"])
+    result = check(model["artifact"], model["gguf"], want)
+    if "artifact_linalg" in model and end - time.monotonic() > 20:
+        try:
+            result["linalg"] = check(model["artifact_linalg"], model["gguf"], want)
+        except Exception as exc:  # reported beside the first artifact's result
+            result["linalg"] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+    return result
 
 
 def main() -> int:
@@ -78,7 +101,7 @@ def main() -> int:
             results[model["key"]] = {"skipped": "out of time"}
         else:
             try:
-                results[model["key"]] = check(model)
+                results[model["key"]] = check_model(model, end)
             except Exception as exc:  # a failed model is a result too; the next one runs
                 results[model["key"]] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
