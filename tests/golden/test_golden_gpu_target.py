@@ -23,6 +23,7 @@ from tests.golden.test_golden_smollm2 import run_prompt
 from zinc.compiler import dp4
 from zinc.compiler.build import compile_model, plan
 from zinc.compiler.targets import target_flags
+from zinc.errors import GGUFError
 from zinc.model.gguf_file import default_model_path, resolve_model
 from zinc.runtime.session import ModelSession
 
@@ -44,7 +45,10 @@ def test_a_named_target_module_matches_llama_cpp_on_lavapipe(
     name: str, dot: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     find, top1_tol, agree = MODELS[name]
-    model = find()
+    try:
+        model = find()
+    except GGUFError as exc:  # as the other golden tests: a model wheel not installed
+        pytest.skip(exc.message)
     monkeypatch.setitem(dp4.SUBGROUP, "ampere", 8)
     monkeypatch.setenv("ZINC_VULKAN_GEMM", "f32")
     monkeypatch.setenv(dp4.ENV, "on" if dot else "off")
