@@ -8,8 +8,9 @@ Vulkan target that declares what lavapipe has (tests.conftest `lavapipe_subgroup
 IREE takes the same subgroup pipelines, and run there: prefills, batched decode steps over
 scattered slots and a lone step, each row's logits against the reference (rounding the
 activations to Q8 as the dp4 kernels do, or not), and each row's greedy token from the device's
-argmax against the logits'. Prefill chunks take the f32 GEMM (ZINC_VULKAN_GEMM=f32: lavapipe
-computes f16 tensors wrong).
+argmax against the logits'. Prompt chunks take the f16 GEMM the named targets compile (with the
+dp4 kernels: the configuration a GPU runs) or the f32 one (ZINC_VULKAN_GEMM=f32); lavapipe
+computes f16 tensors wrong only under the generic target.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from zinc.model.reference import ReferenceModel
 from zinc.runtime.session import ModelSession
 
 
-def compile_for_lavapipe(model: Path, out: Path, monkeypatch: pytest.MonkeyPatch, dot: bool) -> str:
-    """The ampere module (with 8-wide dp4 kernels when `dot`), compiled for lavapipe's subgroups;
-    returns its MLIR."""
+def compile_for_lavapipe(
+    model: Path, out: Path, monkeypatch: pytest.MonkeyPatch, dot: bool, gemm: str
+) -> str:
+    """The ampere module (with 8-wide dp4 kernels when `dot`, prompt chunks through the `gemm`
+    GEMM), compiled for lavapipe's subgroups; returns its MLIR."""
     monkeypatch.setitem(dp4.SUBGROUP, "ampere", 8)
-    monkeypatch.setenv("ZINC_VULKAN_GEMM", "f32")
+    monkeypatch.setenv("ZINC_VULKAN_GEMM", gemm)
     monkeypatch.setenv(dp4.ENV, "on" if dot else "off")
     p = plan(model, "vulkan", (1, 4), vulkan_target="ampere")
     text = for_device_target(p.mlir, lavapipe_subgroup_target(8))
@@ -43,12 +46,13 @@ def compile_for_lavapipe(model: Path, out: Path, monkeypatch: pytest.MonkeyPatch
 
 
 @pytest.mark.vulkan
-@pytest.mark.parametrize("dot", [True, False], ids=["dp4", "linalg"])
+@pytest.mark.parametrize(("dot", "gemm"), [(True, "f16"), (False, "f32")], ids=["dp4-f16", "linalg-f32"])
 def test_a_named_target_model_decodes_on_lavapipe(
-    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dot: bool
+    tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dot: bool, gemm: str
 ) -> None:
     path = tiny_models["tiny-q8-q41"]  # Q8_0 embeddings and head, Q4_1 attention and FFN
-    text = compile_for_lavapipe(path, tmp_path / "art", monkeypatch, dot)
+    text = compile_for_lavapipe(path, tmp_path / "art", monkeypatch, dot, gemm)
+    assert ("xf16>" in text) == (gemm == "f16")  # the f16 GEMM's operands
     if dot:
         assert "func.call @dp4_q4_1_s8_1x" in text and "func.call @dp4_q4_1_s8_4x" in text
         assert "func.call @dp4_q8_0_s8_4x" in text  # the tied output head of a decode batch
@@ -63,7 +67,7 @@ def test_a_named_target_model_decodes_on_lavapipe(
     positions = []
     for prompt, own, ref in zip(prompts, slots, refs, strict=True):
         step = session.prefill_slots(prompt, 0, own[: len(prompt)])
-        # the prefill's last-token head is a one-token decode matmul; its trunk the f32 GEMM
+        # the prefill's last-token head is a one-token decode matmul; its trunk the GEMM
         assert rel_err(step.logits(), ref.forward(prompt)[-1]) < TOL_Q8
         assert step.token == int(np.argmax(step.logits()))
         positions.append(len(prompt))
