@@ -6,7 +6,7 @@
 // looping over it (one workgroup of one thread), and lavapipe stops a shader's loops after 65,535
 // iterations, so Gemma 3's tokens past them were never picked (tests/kernels/test_argmax.py); on
 // a GPU that one thread would read the whole row alone. On named GPU targets the block and
-// element numbers come from i32 iota constants instead of linalg.index, as in the matmuls
+// element numbers come from i32 iota constants instead of linalg.index
 // (zinc.compiler.targets.index_inputs says why).
 // The first index is found as the largest rank V - index (0: none) under maxsi, not the smallest
 // index under minsi: IREE 3.13's SubgroupReduce pads a workgroup whose subgroups are fewer than a
