@@ -174,9 +174,9 @@ def _q6_k(b: _Body) -> str:
 
 def _operands(
     form: Form, n: int, blocks: int, block_bytes: int, k: int, dims: dict[str, str]
-) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """The slices of W and x (and the iota) the generic reads: their lines, and (SSA, type, map
-    result) per operand."""
+) -> tuple[list[str], list[tuple[str, str, str, str]]]:
+    """The slices of W and x (and the iota) the generic reads: their lines, and per operand (SSA,
+    type, map result, the body's block argument)."""
     t, tv = dims["T"], dims["TV"]
     inner, groups = form.inner, form.x_groups
     wt, xt, xg = (
@@ -184,13 +184,14 @@ def _operands(
         f"tensor<{t}x{k}xf32>",
         f"tensor<{t}x{blocks}x{groups}x{inner}xf32>",
     )
-    lines, ins = [], []
+    lines: list[str] = []
+    ins: list[tuple[str, str, str, str]] = []
     for arg, offset, size in form.w:
         ty = f"tensor<{n}x{blocks}xi8>" if size == 1 else f"tensor<{n}x{blocks}x{size}xi8>"
         lines.append(
             f"  %w_{arg} = tensor.extract_slice %w[0, 0, {offset}] [{n}, {blocks}, {size}] [1, 1, 1] : {wt} to {ty}"
         )
-        ins.append((f"%w_{arg}", ty, "n, b" if size == 1 else "n, b, l"))
+        ins.append((f"%w_{arg}", ty, "n, b" if size == 1 else "n, b, l", f"%a_{arg}: i8"))
     lines.append(
         f"  %xg = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [{tv}, {blocks}, {groups}, {inner}] : {xt} into {xg}"
     )
@@ -199,12 +200,12 @@ def _operands(
         lines.append(
             f"  %x_{g} = tensor.extract_slice %xg[0, 0, {g}, 0] [{tv}, {blocks}, 1, {inner}] [1, 1, 1, 1] : {xg} to {ty}"
         )
-        ins.append((f"%x_{g}", ty, "t, b, l"))
+        ins.append((f"%x_{g}", ty, "t, b, l", f"%x{g}: f32"))
     if form.iota:
         lines.append(
             f"  %iota = arith.constant dense<[{', '.join(map(str, range(inner)))}]> : tensor<{inner}xi32>"
         )
-        ins.append(("%iota", f"tensor<{inner}xi32>", "l"))
+        ins.append(("%iota", f"tensor<{inner}xi32>", "l", "%j: i32"))
     return lines, ins
 
 
@@ -222,9 +223,7 @@ def render(qname: str, block: int, block_bytes: int, name: str, n: int, k: int, 
         total = _kquant(b, qname)
     else:
         total = _block32(b, qname)
-    args = [f"%a_{arg}: i8" for arg, _, _ in form.w] + [f"%x{g}: f32" for g in range(form.x_groups)]
-    args += ["%j: i32"] if form.iota else []
-    maps = ", ".join(f"affine_map<(t, n, b, l) -> ({r})>" for _, _, r in ins)
+    maps = ", ".join(f"affine_map<(t, n, b, l) -> ({r})>" for _, _, r, _ in ins)
     out = [
         f"// {qname} in two reduction dims (zinc.compiler.subgroup_matmul): loop (t, n, b, l), l < {form.inner}.",
         f"func.func private @{name}(%w: tensor<{n}x{k // block}x{block_bytes}xi8>, %x: {xt}) -> {yt} {{",
@@ -236,9 +235,9 @@ def render(qname: str, block: int, block_bytes: int, name: str, n: int, k: int, 
         f"  %acc = linalg.fill ins(%zero : f32) outs(%e : {yt}) -> {yt}",
         f"  %y = linalg.generic {{indexing_maps = [{maps}, affine_map<(t, n, b, l) -> (t, n)>],",
         '      iterator_types = ["parallel", "parallel", "reduction", "reduction"]}',
-        f"      ins({', '.join(s for s, _, _ in ins)} : {', '.join(ty for _, ty, _ in ins)})",
+        f"      ins({', '.join(op[0] for op in ins)} : {', '.join(op[1] for op in ins)})",
         f"      outs(%acc : {yt}) {{",
-        f"    ^bb0({', '.join(args)}, %a: f32):",
+        f"    ^bb0({', '.join(op[3] for op in ins)}, %a: f32):",
         indented("\n".join(b.lines).splitlines()),
         f"      %s = arith.addf %a, {total} : f32",
         "      linalg.yield %s : f32",

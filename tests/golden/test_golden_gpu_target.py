@@ -3,26 +3,23 @@ module zinc compiles for a named GPU target, on lavapipe.
 
 The ampere module of SmolLM2 and of Gemma 3 270M (its dp4 decode kernels for lavapipe's 8-wide
 subgroups, or with ZINC_VULKAN_DOT=off the linalg matmuls of zinc.compiler.subgroup_matmul),
-compiled for a target declaring lavapipe's subgroups (tests.conftest `lavapipe_subgroup_target`),
-so IREE takes the subgroup pipelines a GPU's code takes; prompt chunks through the f32 GEMM
-(lavapipe computes f16 tensors wrong). Every golden prompt for GEN_TOKENS tokens, by the rule of
+compiled for a target declaring lavapipe's subgroups (tests.model.test_gpu_target_model
+`compile_for_lavapipe`), so IREE takes the subgroup pipelines a GPU's code takes; prompt chunks
+through the f32 GEMM. Every golden prompt for GEN_TOKENS tokens, by the rule of
 the other golden tests. Each case compiles for one to five minutes and runs a prompt in about 30 s
 (SmolLM2) or a few minutes (Gemma 3), so it stays out of CI.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import DEVICES, for_device_target, golden, lavapipe_subgroup_target
+from tests.conftest import DEVICES, golden
 from tests.golden import test_golden_gemma3, test_golden_smollm2
 from tests.golden.test_golden_smollm2 import run_prompt
-from zinc.compiler import dp4
-from zinc.compiler.build import compile_model, plan
-from zinc.compiler.targets import target_flags
+from tests.model.test_gpu_target_model import compile_for_lavapipe
 from zinc.errors import GGUFError
 from zinc.model.gguf_file import default_model_path, resolve_model
 from zinc.runtime.session import ModelSession
@@ -49,13 +46,8 @@ def test_a_named_target_module_matches_llama_cpp_on_lavapipe(
         model = find()
     except GGUFError as exc:  # as the other golden tests: a model wheel not installed
         pytest.skip(exc.message)
-    monkeypatch.setitem(dp4.SUBGROUP, "ampere", 8)
-    monkeypatch.setenv("ZINC_VULKAN_GEMM", "f32")
-    monkeypatch.setenv(dp4.ENV, "on" if dot else "off")
-    p = plan(model, "vulkan", (1, 4), vulkan_target="ampere")
-    assert ("func.call @dp4_" in p.mlir) == dot
-    mlir = for_device_target(p.mlir, lavapipe_subgroup_target(8))
-    compile_model(dataclasses.replace(p, mlir=mlir, flags=target_flags("vulkan")), tmp_path / "art")
+    mlir = compile_for_lavapipe(model, tmp_path / "art", monkeypatch, dot, "f32")
+    assert ("func.call @dp4_" in mlir) == dot
     session = ModelSession(tmp_path / "art", model, DEVICES["vulkan"](), context_length=512)
     matched = [run_prompt(session, prompt, GEN_TOKENS, top1_tol) for prompt in golden(name)["prompts"]]
     assert min(matched) >= agree, matched
