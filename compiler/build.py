@@ -37,7 +37,7 @@ from zinc.artifact import (
     sha256_bytes,
     write_artifact,
 )
-from zinc.compiler import dot8, dp4, llama
+from zinc.compiler import dot8, dot8_layout, dp4, llama
 from zinc.compiler.embed import pools
 from zinc.compiler.emitter import LAYOUTS
 from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
@@ -130,8 +130,8 @@ def artifact_key(
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *_flags(target, vulkan_target),
         gguf.identity, str(gguf.file_size), _source_digest(), ",".join(map(str, batch_buckets(batch_sizes))),
-        f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8.vnni()}",
-        f"wide={_use_dot8(target) and dot8.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
+        f"dot8={_use_dot8(target)}", f"vnni={_use_dot8(target) and dot8_layout.vnni()}",
+        f"wide={_use_dot8(target) and dot8_layout.wide_enabled()}", f"prefetch={dot8.prefetch_blocks()}",
         _baked_values(gguf), *([f"pooling={pooling}"] if pooling is not None else []),
         *([f"gemm={prefill_gemm(vulkan_target)}", f"dp4={dp4.subgroup_size(vulkan_target)}"]
           if check_target(target) == "vulkan" else []),
@@ -157,7 +157,7 @@ def _flags(target: str, vulkan_target: str) -> tuple[str, ...]:
 
 def _use_dot8(target: str) -> bool:
     """The integer dot-product kernels: CPU target on a host with AVX2 (ZINC_CPU_INT8=0 turns them off)."""
-    return check_target(target) == "cpu" and dot8.enabled()
+    return check_target(target) == "cpu" and dot8_layout.enabled()
 
 
 # IREE's local-task driver (zinc's CPU device) maps a parameter in place only where its bytes start at

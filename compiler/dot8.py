@@ -1,25 +1,19 @@
 """Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
 
-Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_INT8` is not 0),
-the grouped weight layout (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a
-group side by side, 4 bytes of each row at a time; Q5_0's fifth bits re-ordered into one 32-bit
-word per load and nibble half, see `_q5_0_fifth_bits`; Q4_K is unpacked into 32-blocks with f32
-scales; Q6_K into Q4_0-like nibbles, their 2-bit highs beside them, int8 scales per 16 and the
-super-block's d, as many bytes as GGUF's, `_repack_q6_k`) and the kernels that read it:
+Owns the kernels that read the grouped weight layout of zinc.compiler.dot8_layout (which this
+module's `plane_types` and `repack` are, as zinc.compiler.emitter's `WeightLayout` asks of it):
   - decode (`render_decode`, one token or a static batch of rows): a hand-written dispatch
     (`mlir/dot8_decode.mlir`, a `stream.executable` IREE compiles as it is). Each workgroup first
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
     and the block sum for the types with a minimum or offset, as llama.cpp's Q8_1 / Q8_0), then multiplies
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics; `vpdpbusd` where the host has AVX-VNNI or
-    AVX-512 VNNI, see `vnni()`), 8 output rows per vector, scales in f32
+    AVX-512 VNNI, see dot8_layout `vnni()`), 8 output rows per vector, scales in f32
     (Q5_0: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
-    1 << row and a compare, then OR-ed into the nibbles as 16). On a host with AVX-512 VNNI a
-    weight whose groups pair up is repacked with each pair side by side (`paired`, `_pair`: 64
-    bytes per load, 16 scales), and every kernel over it, one token's too, reads 16 output rows
-    per `vpdpbusd` with single 512-bit loads (`lanes`, `wide_enabled()`): half the instructions
-    per product, and no shuffle to join two groups' loads (against the groups apart and joined
-    in the kernel: SmolLM2's step of 8 rows 2.6-4% faster, of 4 rows 2-3%, Gemma 3's of 8 rows
-    2-8%; one token's within 1%);
+    1 << row and a compare, then OR-ed into the nibbles as 16). Over a weight dot8_layout
+    `paired` every kernel, one token's too, reads 16 output rows per `vpdpbusd` with single
+    512-bit loads (`lanes`, `wide_enabled()`): half the instructions per product, and no shuffle
+    to join two groups' loads (against the groups apart and joined in the kernel: SmolLM2's step
+    of 8 rows 2.6-4% faster, of 4 rows 2-3%, Gemma 3's of 8 rows 2-8%; one token's within 1%);
   - prefill (`render_prefill`): the same dispatch over a prompt chunk, 8 rows per workgroup
     tile (1.7x the f32 dequantize + `linalg.matmul` it replaced, for a 128-token chunk).
 Both prefetch the quants `PREFETCH_BLOCKS` blocks ahead of the block they multiply, into L2; a
@@ -27,35 +21,25 @@ decode kernel given a `KvPrefetch` also prefetches a layer's cached K/V rows for
 that comes after it (zinc.compiler.kv_prefetch: its operands and loop lines).
 IREE's own codegen turns an i8 x i8 -> i32 contraction into scalar multiplies, which is why
 these kernels name the instructions.
-Imports: numpy, zinc.compiler.kernels (QuantType, templates), zinc.compiler.kv_prefetch, zinc.errors.
+Imports: numpy, zinc.compiler.dot8_layout, zinc.compiler.kernels (QuantType, templates),
+zinc.compiler.kv_prefetch, zinc.errors.
 """
 
 from __future__ import annotations
 
 import os
 from string import Template
-from typing import Any
 
 import numpy as np
 
 from zinc.compiler import kv_prefetch
+from zinc.compiler.dot8_layout import DOT8_TYPES, F32_SCALES, G, lanes, vnni
+from zinc.compiler.dot8_layout import plane_types as plane_types
+from zinc.compiler.dot8_layout import repack as repack
 from zinc.compiler.kernels import QuantType, template
 from zinc.compiler.kv_prefetch import KvPrefetch
-from zinc.compiler.targets import target_cpu_flags
 from zinc.errors import ZincError
 
-G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
-# type -> 32-byte loads per block
-DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 4}
-# scale planes in f32: Q4_K's per-32 scale and min are d * sc and dmin * m; Q6_K's super-block d
-# (one per 256 weights; its int8 scales per 16 weights are a plane `sc` of their own)
-F32_SCALES = ("Q4_K", "Q6_K")
-# the types with a 512-bit form: all. Q8_0 reads twice the bytes per product and was left out
-# while the quants were prefetched into L1 (two groups' streams at once, as they were before the
-# planes held a pair side by side, made SmolLM2's output head in a batch of 4 slower, 785 -> 900
-# us); prefetched into L2, its wide form is no slower for 4 rows and faster for 8: SmolLM2's step
-# 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
-WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # Workgroups over a matrix's rows per dispatch (per 8-row tile of a prompt chunk), at least one
 # per usable CPU (`_workgroups`). Each one quantizes its activation rows again and runs its own
@@ -75,55 +59,6 @@ PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefe
 # (18,944: 26 KB), and an 8-row tile's over SmolLM2's or Gemma 3 270M's widest rows (1536, 2048);
 # over a 1B model's ffn_down (8192) they do not.
 STACK_BUDGET = 28 * 1024
-U8 = np.ndarray[Any, np.dtype[np.uint8]]
-
-
-def host_supports() -> bool:
-    """AVX2 (the byte dot products), F16C (scale decoding) and FMA."""
-    return {"avx2", "f16c", "fma"} <= target_cpu_flags()
-
-
-def enabled() -> bool:
-    return os.environ.get("ZINC_CPU_INT8", "1") != "0" and host_supports()
-
-
-def host_vnni() -> bool:
-    """`vpdpbusd` in 256 bits: AVX-VNNI, or AVX-512 VNNI with VL."""
-    flags = target_cpu_flags()
-    return "avx_vnni" in flags or {"avx512_vnni", "avx512vl"} <= flags
-
-
-def vnni() -> bool:
-    """Whether the kernels multiply-accumulate bytes with `vpdpbusd` (one instruction into i32)
-    instead of `vpmaddubsw` + `vpmaddwd` + add; `ZINC_CPU_VNNI=0` keeps the AVX2 form."""
-    return os.environ.get("ZINC_CPU_VNNI", "1") != "0" and host_vnni()
-
-
-def host_wide() -> bool:
-    """`vpdpbusd` in 512 bits: AVX-512 F, BW and VNNI."""
-    return {"avx512f", "avx512bw", "avx512_vnni"} <= target_cpu_flags()
-
-
-def wide_enabled() -> bool:
-    """Whether kernels may put two groups of 8 rows side by side in 512-bit vectors (16 output
-    rows per `vpdpbusd`, half the instructions per product of the 256-bit form); `ZINC_CPU_WIDE=0`
-    keeps 256 bits. Each output lane does the same operations either way, so results are equal."""
-    return os.environ.get("ZINC_CPU_WIDE", "1") != "0" and vnni() and host_wide()
-
-
-def paired(q: QuantType, n: int) -> bool:
-    """Whether an [n, k] weight of type `q` is repacked in pairs of groups (`repack`) and every
-    kernel over it, of one row or many, reads 16 output rows per vector: `wide_enabled()`, the
-    type is one of `WIDE_TYPES` and the groups of 8 rows pair up."""
-    return wide_enabled() and q.name in WIDE_TYPES and (n // G) % 2 == 0
-
-
-def lanes(q: QuantType, n: int, rows: int) -> int:
-    """Output rows per vector of a kernel over `rows` activation rows for an [n, k] weight of type
-    `q`: 16 where the weight is `paired`, else 8. The same for every `rows`: the planes hold the
-    pairs side by side, and a kernel of 8 lanes would read each 64-byte line in two halves."""
-    del rows  # one layout serves the kernels of every row count
-    return 16 if paired(q, n) else 8
 
 
 def _workgroups(prefill: bool) -> int:
@@ -134,128 +69,6 @@ def _workgroups(prefill: bool) -> int:
         return PREFILL_WORKGROUPS
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(DECODE_WORKGROUPS, cpus)
-
-
-def supports(q: QuantType, n: int, k: int) -> bool:
-    return q.name in DOT8_TYPES and n % G == 0 and k % q.block == 0
-
-
-def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
-    """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
-    [n/8, k/32, 8 rows] as f16 bits (f32 for Q4_K and Q6_K), and the same again for the
-    minimums of Q4_1 and Q4_K (`m`); Q6_K's (`_repack_q6_k`) 2-bit highs `hb`, int8 scales `sc`
-    [n/8, k/32, 2 halves, 8 rows] and super-block d [n/8, k/256, 8 rows] in f32; Q5_0's
-    fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as i32 words. A `paired` weight has
-    n/16 pairs of 16 rows where these have n/8 groups of 8 (`qh` stays per group)."""
-    ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
-    scale = "f32" if q.name in F32_SCALES else "i16"
-    units, v = (ng // 2, 2 * G) if paired(q, n) else (ng, G)  # a pair: its two groups side by side
-    out = {"qs": f"tensor<{units}x{b}x{loads}x{v}x4xi8>", "d": f"tensor<{units}x{b}x{v}x{scale}>"}
-    if q.name in ("Q4_1", "Q4_K"):
-        out["m"] = out["d"]
-    if q.name == "Q6_K":  # 2-bit highs [.., 2 loads, rows, 4 bytes], scales per half, d per 256
-        out["hb"] = f"tensor<{units}x{b}x2x{v}x4xi8>"
-        out["sc"] = f"tensor<{units}x{b}x2x{v}xi8>"
-        out["d"] = f"tensor<{units}x{b // 8}x{v}xf32>"
-    if q.name == "Q5_0":
-        out["qh"] = f"tensor<{ng}x{b}x4x2xi32>"
-    return out
-
-
-def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """The planes of one GGUF tensor (`raw`: its bytes). For the 32-weight block types a byte
-    shuffle (scales stay f16 bits, sizes equal GGUF's); K-quants are unpacked, see below. A
-    `paired` weight's planes hold each pair of groups side by side (`_pair`)."""
-    if q.name == "Q4_K":
-        planes = _repack_q4_k(raw, n, k)
-    elif q.name == "Q6_K":
-        planes = _repack_q6_k(raw, n, k)
-    else:
-        return _repack_blocks(q, raw, n, k)
-    if paired(q, n):
-        planes = {p: a if p == "qh" else _pair(a) for p, a in planes.items()}
-    return planes
-
-
-def _pair(plane: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """[n/8, b, ..., 8 rows, ...] -> [n/16, b, ..., 16 rows, ...]: groups 2i and 2i + 1 side by
-    side in each block (a load's 32 bytes of one then of the other, 64 in all; their 8 scales
-    each, 16 in all), so that a 512-bit kernel reads a pair with one load, not two and a shuffle."""
-    ng, b, *rest = plane.shape
-    at = len(rest) - 2 if len(rest) == 3 else len(rest) - 1  # rows: quants [loads, 8, 4], scales [.., 8]
-    pairs = plane.reshape(ng // 2, 2, b, *rest)
-    order = [0, 2, *range(3, 3 + at), 1, *range(3 + at, 3 + len(rest))]
-    merged = [*rest[:at], 2 * G, *rest[at + 1 :]]
-    return np.ascontiguousarray(pairs.transpose(order)).reshape(ng // 2, b, *merged)
-
-
-def _repack_blocks(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """The planes of a 32-weight block type. A pair of groups is 16 consecutive rows, so grouping
-    and pairing are one transpose, of 4-byte words (a quarter of the element moves of bytes)."""
-    ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
-    v = 2 * G if paired(q, n) else G  # rows side by side in a plane's unit
-    blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
-    head = {"Q4_1": 4, "Q5_0": 6}.get(q.name, 2)  # bytes of scales (and Q5_0's fifth bits) before the quants
-    words = np.ascontiguousarray(blocks[:, :, head:]).view("<u4")  # [n, b, loads]
-    qs = np.ascontiguousarray(words.reshape(n // v, v, b, loads).transpose(0, 2, 3, 1))
-    out = {"qs": qs.view(np.int8).reshape(n // v, b, loads, v, 4)}
-
-    def scale(lo: int) -> np.ndarray[Any, Any]:
-        bits = np.ascontiguousarray(blocks[:, :, lo : lo + 2]).view(np.int16)[..., 0]
-        return np.ascontiguousarray(bits.reshape(n // v, v, b).transpose(0, 2, 1))
-
-    out["d"] = scale(0)
-    if q.name == "Q4_1":
-        out["m"] = scale(2)
-    if q.name == "Q5_0":
-        out["qh"] = _q5_0_fifth_bits(blocks, ng, b)
-    return out
-
-
-def _q5_0_fifth_bits(blocks: U8, ng: int, b: int) -> np.ndarray[Any, Any]:
-    """Q5_0's fifth bits (the u32 `qh` after the block's f16 d: bit j is element j's; the 16
-    nibble bytes hold elements j and 16 + j in byte j) as the `qh` plane: per group, block, load s
-    and nibble half h (0: low nibbles, elements 4s + i; 1: high, elements 16 + 4s + i) one 32-bit
-    word whose bit 8i + r is the fifth bit of element 16h + 4s + i of the group's row r. Broadcast
-    to the 8 dwords of a vector, byte 4r + i (the load's byte of row r, element i) then holds that
-    bit as bit r: the kernel tests it against a constant mask, no shuffle. Sizes equal GGUF's."""
-    qh = blocks[:, :, 2:6].copy().view("<u4")[..., 0]  # [n, b]
-    bits = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, b, element]
-    bits = bits.reshape(ng, G, b, 2, 4, 4).transpose(0, 2, 4, 3, 5, 1)  # [ng, b, s, h, i, r]
-    words = np.packbits(bits, axis=-1, bitorder="little")[..., 0]  # [ng, b, s, h, i]: byte i, bit r
-    return np.ascontiguousarray(words).view("<i4")[..., 0].astype(np.int32)
-
-
-def _group(qs: np.ndarray[Any, Any], ng: int, b: int, loads: int) -> np.ndarray[Any, Any]:
-    """Quant bytes [n, b, 4 * loads] -> [n/8, b, loads, 8 rows, 4 bytes]."""
-    grouped = qs.reshape(ng, G, b, loads, 4).transpose(0, 2, 3, 1, 4)
-    return np.ascontiguousarray(grouped).view(np.int8)
-
-
-def _repack_q4_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """Q4_K super-blocks (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
-    nibbles: chunk c of 64 weights is 32 bytes, low nibbles first) as Q4_1-like 32-blocks:
-    nibbles re-paired (byte i = element i | element 16 + i << 4), scale d * sc and min
-    -dmin * m in f32 (both exact products)."""
-    nb, b, ng = k // 256, k // 32, n // G
-    blocks = np.ascontiguousarray(raw).reshape(n, nb, 144)
-    d = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    dmin = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-    s = blocks[:, :, 4:16]
-    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
-    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    q = blocks[:, :, 16:].reshape(n, nb, 4, 1, 32)
-    vals = np.concatenate([q & 15, q >> 4], axis=3).reshape(n, b, 32)  # sub-block 2c: low, 2c + 1: high
-    packed = (vals[..., :16] | (vals[..., 16:] << 4)).astype(np.uint8)
-
-    def plane(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:  # [n, b] -> [n/8, b, 8]
-        return np.ascontiguousarray(a.reshape(ng, G, b).transpose(0, 2, 1)).astype(np.float32)
-
-    return {
-        "qs": _group(packed, ng, b, 4),
-        "d": plane(d[..., None] * sc.astype(np.float32)),
-        "m": plane(-(dmin[..., None] * mn.astype(np.float32))),
-    }
 
 
 def decode_name(
@@ -626,32 +439,6 @@ def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
     return "\n          ".join(lines)
 
 
-def _repack_q6_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
-    """Q6_K super-blocks (128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8 scales, f16 d)
-    in 32-blocks with no more bytes than GGUF's (a token reads every one): the low nibbles paired as
-    Q4_0's (byte i = element i | element 16 + i << 4, `qs`), the 2-bit highs of load s (2p + t)
-    in the bits 4t (element 4s + j) and 4t + 2 (element 16 + 4s + j) of byte j of load p (`hb`), the
-    int8 scale of each half of the block (`sc`) and the super-block's d in f32 (`d`). The kernel
-    multiplies the unsigned quants and takes 32 times the half's activation sum off."""
-    nb, b, ng = k // 256, k // 32, n // G
-    blocks = np.ascontiguousarray(raw).reshape(n, nb, 210)
-    ql = blocks[:, :, 0:128].reshape(n, nb, 2, 2, 32)  # [half, l >= 32, l]
-    qh = blocks[:, :, 128:192].reshape(n, nb, 2, 1, 32)  # [half, l]
-    low = np.concatenate([ql & 15, ql >> 4], axis=3).reshape(n, b, 32)  # weight order
-    high = np.concatenate([(qh >> (2 * j)) & 3 for j in range(4)], axis=3).reshape(n, b, 32)
-    packed = (low[..., :16] | (low[..., 16:] << 4)).astype(np.uint8)
-    h = high.reshape(n, b, 2, 2, 2, 4).astype(np.uint8)  # element 16 h + 8 p + 4 t + j: [h, p, t, j]
-    hb = h[:, :, 0, :, 0] | (h[:, :, 1, :, 0] << 2) | (h[:, :, 0, :, 1] << 4) | (h[:, :, 1, :, 1] << 6)
-    sc = blocks[:, :, 192:208].view(np.int8).reshape(n, b, 2)
-    d = blocks[:, :, 208:210].copy().view(np.float16)[..., 0].astype(np.float32)
-    return {
-        "qs": _group(packed, ng, b, 4),
-        "hb": _group(np.ascontiguousarray(hb).reshape(n, b, 8), ng, b, 2),
-        "sc": np.ascontiguousarray(sc.reshape(ng, G, b, 2).transpose(0, 2, 3, 1)),
-        "d": np.ascontiguousarray(d.reshape(ng, G, nb).transpose(0, 2, 1)),
-    }
-
-
 def _args(q: QuantType, n: int, k: int) -> str:
     return ", ".join(f"%w_{p}: {t}" for p, t in plane_types(q, n, k).items())
 
@@ -717,7 +504,7 @@ def _render(
     xr = "?" if prefill else str(r)
     apart = quantized_apart(r, k)
     scale = "f32" if q.name in F32_SCALES else "i16"
-    shapes = {  # the planes (a pair of groups per unit where v = 16, see `_pair`)
+    shapes = {  # the planes (a pair of groups per unit where v = 16, see dot8_layout `_pair`)
         "QS": f"{units}x{b}x{loads}x{4 * v}xi8",
         "DS": f"{units}x{b // 8}x{v}x{scale}" if q.name == "Q6_K" else f"{units}x{b}x{v}x{scale}",
         "HB": f"{units}x{b}x2x{4 * v}xi8",

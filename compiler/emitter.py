@@ -30,7 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from zinc.artifact import COPY_PLANE
-from zinc.compiler import dot8, dp4, tiled
+from zinc.compiler import dot8, dot8_layout, dp4, tiled
 from zinc.compiler.attention_prefill import render_prefill_attention
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import (
@@ -126,7 +126,7 @@ class ModuleEmitter:
 
     def layout(self, q: QuantType, n: int, k: int) -> str | None:
         """The repacked layout a [n, k] weight of type `q` takes, or None (bound as GGUF bytes)."""
-        if self.tiled and self.dot8 and dot8.supports(q, n, k):
+        if self.tiled and self.dot8 and dot8_layout.supports(q, n, k):
             return "dot8"
         if self.tiled and tiled.supports(q, n, k):
             return "tiled"

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fixtures.make_fixtures import FIXTURES, write_fixture
-from zinc.compiler import dot8
+from zinc.compiler import dot8_layout
 from zinc.compiler.build import ensure_artifact
 from zinc.compiler.targets import compile_mlir, target_flags
 from zinc.errors import GGUFError
@@ -180,7 +180,7 @@ def reference_model(path: Path, device: str) -> ReferenceModel:
     tests allow that much (`TOL_Q8`); tests/kernels/test_dot8_kernels.py checks the kernels
     themselves to f32 accuracy, and the golden tests check tokens against llama.cpp."""
     cpu = device.startswith("cpu")
-    return ReferenceModel(open_gguf(path), q8_activations=cpu and dot8.enabled(), kv_f16=True)
+    return ReferenceModel(open_gguf(path), q8_activations=cpu and dot8_layout.enabled(), kv_f16=True)
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ import pytest
 from fixtures.real_shapes import ensure_model
 from tests.model.test_real_shape_models import TOL_Q8_DEEP, rel_err
 from tests.server_harness import RunningServer
-from zinc.compiler import dot8
+from zinc.compiler import dot8_layout
 from zinc.compiler.build import ensure_artifact
 from zinc.engine.embeddings import normalize, pool
 from zinc.engine.engine import LocalEngine
@@ -69,7 +69,7 @@ def client(engine: LocalEngine) -> Iterator[openai.OpenAI]:
 def expect(path: Path) -> Any:
     """The reference's last-token hidden state of token ids, normalized (to `dimensions`); each
     input's forward pass once (a lazy reference: about 15 s each)."""
-    ref = ReferenceModel(open_gguf(path), q8_activations=dot8.enabled(), kv_f16=True, lazy=True)
+    ref = ReferenceModel(open_gguf(path), q8_activations=dot8_layout.enabled(), kv_f16=True, lazy=True)
     last: dict[tuple[int, ...], np.ndarray] = {}
 
     def vector(ids: list[int], dimensions: int | None = None) -> np.ndarray:

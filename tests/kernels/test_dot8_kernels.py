@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType, quants
 
 from tests.conftest import DEVICES, compile_kernel, device_params
 from tests.kernels.test_quant_kernels import random_blocks
-from zinc.compiler import dot8
+from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.errors import ZincError
 from zinc.model.reference import q8_round
@@ -26,7 +26,7 @@ from zinc.runtime.module import LoadedModule
 
 SHAPES = [(64, 128), (40, 32), (8, 576), (136, 96)]  # N a multiple of 8 (groups), K of 32 (blocks)
 K_SHAPES = [(16, 256), (40, 768)]  # for Q4_K and Q6_K: K a multiple of its 256-weight super-block
-pytestmark = pytest.mark.skipif(not dot8.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
+pytestmark = pytest.mark.skipif(not dot8_layout.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
 
 
 def random_q5_0(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -78,31 +78,31 @@ def kernel_module(qtype: str, n: int, k: int) -> str:
 VNNI_FORMS = [
     pytest.param("avx2", id="avx2"),
     pytest.param(
-        "vnni", id="vnni", marks=pytest.mark.skipif(not dot8.host_vnni(), reason="this CPU lacks VNNI")
+        "vnni", id="vnni", marks=pytest.mark.skipif(not dot8_layout.host_vnni(), reason="this CPU lacks VNNI")
     ),
     pytest.param(
         "wide",
         id="wide",
-        marks=pytest.mark.skipif(not dot8.host_wide(), reason="this CPU lacks AVX-512 VNNI"),
+        marks=pytest.mark.skipif(not dot8_layout.host_wide(), reason="this CPU lacks AVX-512 VNNI"),
     ),
 ]
 
 
 @pytest.mark.parametrize("form", VNNI_FORMS)
 @pytest.mark.parametrize("device", device_params("cpu", "cpu-task"))
-@pytest.mark.parametrize("qtype", list(dot8.DOT8_TYPES))
+@pytest.mark.parametrize("qtype", list(dot8_layout.DOT8_TYPES))
 def test_dot8_kernels_match_dequantize(
     qtype: str, device: str, form: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ZINC_CPU_VNNI", "0" if form == "avx2" else "1")
     monkeypatch.setenv("ZINC_CPU_WIDE", "1" if form == "wide" else "0")
-    assert dot8.vnni() == (form != "avx2") and dot8.wide_enabled() == (form == "wide")
+    assert dot8_layout.vnni() == (form != "avx2") and dot8_layout.wide_enabled() == (form == "wide")
     # the 512-bit form pairs the groups of 8 rows where their count is even (the shapes have both),
     # in the planes and so in every kernel, the single-token one compared bit for bit below too
-    if form == "wide" and qtype in dot8.WIDE_TYPES:
+    if form == "wide" and qtype in dot8_layout.WIDE_TYPES:
         shapes = [n for n, _, _ in weights(qtype, np.random.default_rng(0))]
-        assert {dot8.lanes(QUANT_TYPES[qtype], n, 9) for n in shapes} == {8, 16}
-        assert {dot8.lanes(QUANT_TYPES[qtype], n, 1) for n in shapes} == {8, 16}
+        assert {dot8_layout.lanes(QUANT_TYPES[qtype], n, 9) for n in shapes} == {8, 16}
+        assert {dot8_layout.lanes(QUANT_TYPES[qtype], n, 1) for n in shapes} == {8, 16}
     spec = DEVICES[device]()
     q = QUANT_TYPES[qtype]
     rng = np.random.default_rng(5)
@@ -142,20 +142,20 @@ def test_dot8_kernels_match_dequantize(
 
 def test_dot8_layout_applies_to_whole_groups_of_the_byte_types() -> None:
     q41 = QUANT_TYPES["Q4_1"]
-    assert dot8.supports(q41, 40, 64) and not dot8.supports(q41, 36, 64)
+    assert dot8_layout.supports(q41, 40, 64) and not dot8_layout.supports(q41, 36, 64)
     q50 = QUANT_TYPES["Q5_0"]
-    assert dot8.supports(q50, 64, 64) and dot8.supports(q50, 2048, 640) and not dot8.supports(q50, 36, 64)
-    assert not dot8.supports(QUANT_TYPES["Q5_1"], 64, 64) and not dot8.supports(QUANT_TYPES["F16"], 64, 64)
+    assert dot8_layout.supports(q50, 64, 64) and dot8_layout.supports(q50, 2048, 640) and not dot8_layout.supports(q50, 36, 64)
+    assert not dot8_layout.supports(QUANT_TYPES["Q5_1"], 64, 64) and not dot8_layout.supports(QUANT_TYPES["F16"], 64, 64)
     q4k = QUANT_TYPES["Q4_K"]
-    assert dot8.supports(q4k, 16, 512) and not dot8.supports(q4k, 16, 96)
-    assert dot8.supports(QUANT_TYPES["Q6_K"], 8, 256)
+    assert dot8_layout.supports(q4k, 16, 512) and not dot8_layout.supports(q4k, 16, 96)
+    assert dot8_layout.supports(QUANT_TYPES["Q6_K"], 8, 256)
 
 
 def test_int8_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZINC_CPU_INT8", "0")
-    assert not dot8.enabled()
+    assert not dot8_layout.enabled()
     monkeypatch.setenv("ZINC_CPU_INT8", "1")
-    assert dot8.enabled() == dot8.host_supports()
+    assert dot8_layout.enabled() == dot8_layout.host_supports()
 
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q6_K"])
@@ -167,7 +167,7 @@ def test_prefetch_changes_no_result(qtype: str, monkeypatch: pytest.MonkeyPatch)
     spec = DEVICES["cpu"]()
     q = QUANT_TYPES[qtype]
     n, k, raw = weights(qtype, np.random.default_rng(7))[0]
-    assert (n // dot8.G) % 2 == 0
+    assert (n // dot8_layout.G) % 2 == 0
     planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
     x = np.random.default_rng(8).standard_normal((9, k)).astype(np.float32)
     outs = []

@@ -17,7 +17,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from tests.conftest import DEVICES, compile_kernel
-from zinc.compiler import dot8
+from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.emitter import NO_WINDOW
 from zinc.compiler.graph import emit_module
 from zinc.compiler.kernels import QUANT_TYPES
@@ -27,7 +27,7 @@ from zinc.model.hparams import describe
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
-pytestmark = pytest.mark.skipif(not dot8.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
+pytestmark = pytest.mark.skipif(not dot8_layout.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
 
 N, K = 64, 128  # an even number of 8-row groups: on AVX-512 VNNI the batch kernel is the 512-bit one
 SLOTS, COLUMNS = 50, 20  # the slab's slots, ctx's columns

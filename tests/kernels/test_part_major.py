@@ -20,7 +20,7 @@ import pytest
 from gguf import GGMLQuantizationType, quants
 
 from tests.conftest import DEVICES, compile_kernel
-from zinc.compiler import dot8
+from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.graph import emit_module
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.model.gguf_file import open_gguf
@@ -28,7 +28,7 @@ from zinc.model.hparams import describe
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
-pytestmark = pytest.mark.skipif(not dot8.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
+pytestmark = pytest.mark.skipif(not dot8_layout.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
 
 K = 128
 PARTS = (64, 32, 32)  # whole 16-lane vectors: the 512-bit batch kernel where the host has one

@@ -23,7 +23,7 @@ import pytest
 from fixtures.real_shapes import SPECS
 from tests.conftest import DEVICES, compile_kernel, device_params
 from tests.kernels.test_quant_kernels import quantized
-from zinc.compiler import dot8
+from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.kernels import QUANT_TYPES, matmul_name, render_matmul
 from zinc.model.reference import q8_round
 from zinc.runtime.device import to_host
@@ -92,7 +92,7 @@ def _activations(rows: int, k: int) -> Array:
 
 
 @pytest.mark.skipif(
-    not dot8.enabled(), reason="this CPU lacks AVX2, F16C or FMA (it compiles the f32 kernels)"
+    not dot8_layout.enabled(), reason="this CPU lacks AVX2, F16C or FMA (it compiles the f32 kernels)"
 )
 @pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "Q5_0"])
 def test_dot8_kernels_at_every_real_width(qtype: str) -> None:

@@ -15,7 +15,7 @@ from tests.conftest import artifact_copy
 from zinc.artifact import MANIFEST
 from zinc.cli import app
 from zinc.cli_models import check_artifact_dir
-from zinc.compiler import dot8
+from zinc.compiler import dot8_layout
 from zinc.compiler.build import artifact_key, ensure_artifact
 from zinc.compiler.targets import cpu_target, target_cpu_flags, target_flags
 from zinc.errors import ArtifactError, ZincError
@@ -35,11 +35,11 @@ def test_a_cpu_level_names_its_features_and_the_kernels_follow_them(monkeypatch:
     monkeypatch.setenv("ZINC_CPU_TARGET", "x86-64-v3")
     assert {"avx2", "fma", "f16c"} <= target_cpu_flags() and "avx512f" not in target_cpu_flags()
     assert target_flags("cpu")[-1] == "--iree-llvmcpu-target-cpu=x86-64-v3"
-    assert dot8.host_supports() and not dot8.vnni() and not dot8.wide_enabled()  # AVX2 byte products
+    assert dot8_layout.host_supports() and not dot8_layout.vnni() and not dot8_layout.wide_enabled()  # AVX2 byte products
     monkeypatch.setenv("ZINC_CPU_TARGET", "x86-64-v4")
-    assert "avx512bw" in target_cpu_flags() and not dot8.vnni()  # v4 has no VNNI
+    assert "avx512bw" in target_cpu_flags() and not dot8_layout.vnni()  # v4 has no VNNI
     monkeypatch.setenv("ZINC_CPU_TARGET", "x86-64-v2")
-    assert not dot8.host_supports()  # no AVX2: the f32 kernels
+    assert not dot8_layout.host_supports()  # no AVX2: the f32 kernels
     monkeypatch.setenv("ZINC_CPU_TARGET", "pentium")
     with pytest.raises(ZincError, match="unknown CPU target 'pentium'"):
         cpu_target()
