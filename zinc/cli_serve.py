@@ -182,23 +182,23 @@ EmbeddingsOpt = Annotated[
     ),
 ]
 
+PortOpt = Annotated[int, typer.Option("--port", "-p", help="Port to listen on")]
+HostOpt = Annotated[str, typer.Option("--host", help="Address to bind")]
+ContextOpt = Annotated[int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")]
+ParallelOpt = Annotated[int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")]
+ApiKeyOpt = Annotated[str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")]
+
 
 def serve_cmd(
     model: ModelOpt = None,
-    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 8080,
-    host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
-    context: Annotated[
-        int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")
-    ] = DEFAULT_CONTEXT,
-    parallel: Annotated[
-        int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")
-    ] = 8,
+    port: PortOpt = 8080,
+    host: HostOpt = "127.0.0.1",
+    context: ContextOpt = DEFAULT_CONTEXT,
+    parallel: ParallelOpt = 8,
     kv_tokens: KvTokensOpt = None,
     max_queue: MaxQueueOpt = DEFAULT_MAX_QUEUE,
     prefill_chunk: PrefillChunkOpt = None,
-    api_key: Annotated[
-        str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
-    ] = None,
+    api_key: ApiKeyOpt = None,
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
     threads: ThreadsOpt = None,
@@ -220,20 +220,14 @@ def serve_cmd(
 
 def chat_cmd(
     model: ModelOpt = None,
-    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on")] = 9090,
-    host: Annotated[str, typer.Option("--host", help="Address to bind")] = "127.0.0.1",
-    context: Annotated[
-        int, typer.Option("--ctx-size", "-c", help="Context length (tokens)")
-    ] = DEFAULT_CONTEXT,
-    parallel: Annotated[
-        int, typer.Option("--parallel", help="Requests decoded together (continuous batching)")
-    ] = 8,
+    port: PortOpt = 9090,
+    host: HostOpt = "127.0.0.1",
+    context: ContextOpt = DEFAULT_CONTEXT,
+    parallel: ParallelOpt = 8,
     kv_tokens: KvTokensOpt = None,
     max_queue: MaxQueueOpt = DEFAULT_MAX_QUEUE,
     prefill_chunk: PrefillChunkOpt = None,
-    api_key: Annotated[
-        str | None, typer.Option("--api-key", help="Require this Bearer key (or set ZINC_API_KEY)")
-    ] = None,
+    api_key: ApiKeyOpt = None,
     device: DeviceOpt = "auto",
     cpu_driver: CpuDriverOpt = "local-task",
     threads: ThreadsOpt = None,
