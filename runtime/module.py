@@ -3,6 +3,7 @@
 Owns: `LoadedModule` — a VM context holding the HAL module, an `io_parameters` module backed by
 a `ParameterIndex` over the GGUF file (and any `.irpa` of repacked weights), and the compiled
 module, with the timeline its calls run on; `fn(name)` returns an entry point (zinc.runtime.invoke);
+`to_device` uploads a call's inputs (`UPLOAD_MEMORY`: without waiting for the calls in flight);
 `empty` allocates device arrays (the KV slab), on the CPU over transparent huge pages.
 Imports: ctypes (madvise), iree.runtime, numpy, zinc.runtime.device, zinc.runtime.invoke, zinc.errors.
 """
@@ -28,6 +29,19 @@ ELEMENT_TYPES: dict[str, tuple[np.dtype[Any], rt.HalElementType]] = {
     "i32": (np.dtype(np.int32), rt.HalElementType.SINT_32),  # Vulkan's "f16x2" slab (zinc.artifact.kv_storage)
 }
 
+
+# Where a call's inputs (token ids, positions, a step's slots: bytes to kilobytes) go, in order of
+# preference: memory the host writes and the device reads, so that an upload is a copy by the host.
+# IREE's default, device-local memory the host cannot map, is filled by a transfer on the device's
+# queue that waits for the calls already enqueued there: on Vulkan a decode step's inputs waited
+# for the step before, so the host never got a step ahead of the device. Device-local host-visible
+# memory (a GPU's BAR) first, so kernels read their inputs from the GPU's own memory, then host
+# memory the device reads; a device with neither gets the transfer. On the CPU all memory is both.
+UPLOAD_MEMORY = (
+    rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE,
+    rt.MemoryType.HOST_LOCAL | rt.MemoryType.DEVICE_VISIBLE,
+)
+UPLOAD_USAGE = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
 
 HUGE_PAGE = 1 << 21
 MADV_HUGEPAGE = 14
@@ -78,6 +92,7 @@ class LoadedModule:
         except Exception as exc:
             raise ArtifactError(f"cannot load compiled module: {exc}") from exc
         self._index = index  # keeps mmaps and buffers alive
+        self._upload: tuple[Any, ...] = UPLOAD_MEMORY  # the kinds of memory `to_device` may still try
         self.context = rt.SystemContext(vm_modules=[params, vm_module], config=config)
         self._module = self.context.modules[vm_module.name]
         self.timeline = Timeline(self.device)
@@ -90,7 +105,15 @@ class LoadedModule:
         return Entry(invoker, self.timeline, self.to_device)
 
     def to_device(self, array: np.ndarray[Any, Any]) -> Any:
-        return rt.asdevicearray(self.device, np.ascontiguousarray(array))
+        """A device array holding `array`, written by the host (`UPLOAD_MEMORY`): it does not wait
+        for the calls in flight, so a step's inputs can go up while the step before it runs."""
+        host = np.ascontiguousarray(array)
+        while self._upload:
+            try:
+                return rt.asdevicearray(self.device, host, memory_type=self._upload[0], allowed_usage=UPLOAD_USAGE)
+            except (RuntimeError, ValueError):  # the device has no such memory: the next kind
+                self._upload = self._upload[1:]
+        return rt.asdevicearray(self.device, host)
 
     def empty(self, shape: tuple[int, ...], dtype: str) -> Any:
         """An uninitialized device array of `dtype` (f16, or i32 words): its pages are only touched
