@@ -14,7 +14,7 @@
 // Placeholders: NAME, WG_ARGS, WG_COUNT, WG_IDS, TP_ARG, TP, XR, PER_WG, NG, R, B, K, N, CONSTS, QS, DS,
 // XQ, DX, QH, BINDINGS, WM, DSCALE, MSCALE, BODY, ITER_INIT, ITER_TYPES, YIELD, YIELD_TYPES, RESULTS, STORES,
 // WRAPPER (the private func that dispatches it), VL (output rows per vector: 8, or 16 where two
-// groups are side by side in 512 bits, see compiler/dot8.py `lanes`), VB (bytes per vector: 4 VL),
+// groups are side by side in 512 bits, see compiler/dot8_layout.py `lanes`), VB (bytes per vector: 4 VL),
 // and KV_BINDINGS, KV_ARGS, KV_SETUP, KV_PREFETCH: empty, or (a decode kernel that also prefetches
 // a layer's cached K/V rows, compiler/kv_prefetch.py) its operands and the prefetch of one cached
 // position per iteration of the block loop.
