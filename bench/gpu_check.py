@@ -1,6 +1,6 @@
 """zinc's Vulkan logits on the GPU against the float64 numpy reference (zinc.model.reference).
 
-Usage: python bench/gpu_check.py --bundle DIR --out FILE [--budget-s 150] [--max-bytes 2e9]
+Usage: python bench/gpu_check.py --bundle DIR --out FILE [--budget-s 150] [--max-bytes 2e9] [--chained-steps 32]
 
 scripts/gpu-bench runs it after bench_gpu.py: zinc's kernels for the GPU's IREE target (the f16
 GEMM prefill, the subgroup matvecs, the f16 KV slab) have never run on a GPU, and speed says
@@ -9,6 +9,8 @@ nothing of whether they compute the model. For each model of the bundle whose we
 128 rows and a padded 72) and DECODE_STEPS decode steps, fed the reference's greedy tokens: each
 step's max |logit error| over the largest |logit|, and whether the greedy tokens agree; the same
 for the model's artifact without the dp4 matmuls, where the bundle carries one (under "linalg").
+Then, under "chained", the same session's time for --chained-steps greedy steps enqueued as
+`zinc serve` enqueues them: a step's interval and the host's time to enqueue one.
 The bundle's models have random weights, which make the forward pass chaotic (a value rounded
 another way flips what an attention head picks): on lavapipe, whose arithmetic is f32 with an f16
 KV slab, SmolLM2's steps are within about 3e-3 of the reference, and the GPU targets' f16 GEMM
@@ -27,6 +29,7 @@ from typing import Any
 Json = dict[str, Any]
 PROMPT = 200
 DECODE_STEPS = 2
+CHAINED_STEPS = 32  # timed after the check: the host's enqueue of a step against the step itself
 
 
 def prompt_ids(n: int) -> list[int]:
@@ -51,7 +54,7 @@ def reference(gguf: str) -> list[tuple[list[int], Any]]:
     return steps
 
 
-def check(artifact: str, gguf: str, want: list[tuple[list[int], Any]]) -> Json:
+def check(artifact: str, gguf: str, want: list[tuple[list[int], Any]], chained_steps: int = CHAINED_STEPS) -> Json:
     import numpy as np
 
     from zinc.runtime.device import resolve_device
@@ -68,17 +71,39 @@ def check(artifact: str, gguf: str, want: list[tuple[list[int], Any]]) -> Json:
         steps.append({"step": "prefill" if i == 0 else f"decode {i}", "rel_err": float(np.abs(got - expect).max()) / scale,
                       "argmax": [int(np.argmax(got)), int(np.argmax(expect))], "max_logit": scale})  # fmt: skip
     return {"steps": steps, "seconds": time.monotonic() - t0, "worst_rel_err": max(s["rel_err"] for s in steps),
-            "tokens_agree": sum(s["argmax"][0] == s["argmax"][1] for s in steps), "of": len(steps)}  # fmt: skip
+            "tokens_agree": sum(s["argmax"][0] == s["argmax"][1] for s in steps), "of": len(steps),
+            "chained": chained(session, int(np.argmax(got)), pos, chained_steps)}  # fmt: skip
 
 
-def check_model(model: Json, end: float) -> Json:
+def chained(session: Any, token: int, pos: int, n: int) -> Json:
+    """`n` greedy steps as `zinc serve` runs them (each enqueued before the one before it is
+    read): the host's time to enqueue a step (the VM call, command recording, the uploads; the
+    median) and a step's time (the mean). An enqueue shorter than a step keeps the device busy; as
+    long as one, the host is what bounds decode."""
+    import statistics
+
+    prev = session.decode(token, pos)
+    _ = prev.token  # the first step's pipelines and buffers set up before anything is timed
+    enqueue: list[float] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        e0 = time.perf_counter()
+        step = session.decode_after(prev, pos + 1 + i)
+        enqueue.append(time.perf_counter() - e0)
+        _ = prev.token
+        prev = step
+    _ = prev.token
+    return {"steps": n, "enqueue_ms": 1e3 * statistics.median(enqueue), "ms_per_step": 1e3 * (time.perf_counter() - t0) / n}
+
+
+def check_model(model: Json, end: float, chained_steps: int = CHAINED_STEPS) -> Json:
     """`check` of the model's artifact, and of its `artifact_linalg` (the decode matmuls without
     integer dot products: zinc.compiler.subgroup_matmul's forms) under "linalg" while time is left."""
     want = reference(model["gguf"])
-    result = check(model["artifact"], model["gguf"], want)
+    result = check(model["artifact"], model["gguf"], want, chained_steps)
     if "artifact_linalg" in model and end - time.monotonic() > 20:
         try:
-            result["linalg"] = check(model["artifact_linalg"], model["gguf"], want)
+            result["linalg"] = check(model["artifact_linalg"], model["gguf"], want, chained_steps)
         except Exception as exc:  # reported beside the first artifact's result
             result["linalg"] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
     return result
@@ -90,6 +115,7 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=150.0, help="seconds for all the models together")
     ap.add_argument("--max-bytes", type=float, default=2e9, help="the largest weights (bytes a token reads) checked")
+    ap.add_argument("--chained-steps", type=int, default=CHAINED_STEPS, help="greedy steps timed after the check (min 1)")
     args = ap.parse_args()
     end = time.monotonic() + args.budget_s
     results: Json = {}
@@ -101,7 +127,7 @@ def main() -> int:
             results[model["key"]] = {"skipped": "out of time"}
         else:
             try:
-                results[model["key"]] = check_model(model, end)
+                results[model["key"]] = check_model(model, end, max(1, args.chained_steps))
             except Exception as exc:  # a failed model is a result too; the next one runs
                 results[model["key"]] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

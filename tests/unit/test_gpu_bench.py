@@ -163,11 +163,13 @@ def test_a_server_out_of_time_keeps_the_runs_it_finished(monkeypatch: pytest.Mon
 def test_check_lines_give_each_steps_error_or_why_a_model_was_not_checked() -> None:
     steps = [{"step": "prefill", "rel_err": 0.0051, "argmax": [5, 5]}, {"step": "decode 1", "rel_err": 0.93, "argmax": [2, 7]}]
     linalg = {"steps": steps[:1], "tokens_agree": 1, "of": 1}
-    check = {"1b": {"steps": steps, "tokens_agree": 1, "of": 2, "linalg": linalg},
+    chained = {"steps": 32, "enqueue_ms": 0.61, "ms_per_step": 2.345}
+    check = {"1b": {"steps": steps, "tokens_agree": 1, "of": 2, "linalg": linalg, "chained": chained},
              "8b": {"skipped": "weights of 4.7 GB: numpy takes minutes"}, "smollm2": {"error": "RuntimeError: x\nVK_ERROR"}}  # fmt: skip
     text = "\n".join(bench_gpu.check_lines(check, {"1b": "llama-3.2-1b Q4_0", "8b": "llama-3.1-8b Q4_0"}))
     assert "- llama-3.2-1b Q4_0: prefill 5.1e-03, decode 1 9.3e-01; greedy tokens agree on 1 of 2 steps." in text
     assert "  - without the integer dot-product matmuls: prefill 5.1e-03; tokens agree on 1 of 1." in text
+    assert "  - 32 chained greedy steps: 2.35 ms a step, 0.61 ms for the host to enqueue one" in text
     assert "- llama-3.1-8b Q4_0: not checked (weights of 4.7 GB: numpy takes minutes)" in text
     assert "- smollm2: not checked (VK_ERROR)" in text
 
@@ -177,7 +179,7 @@ def test_the_check_feeds_both_artifacts_the_references_steps(monkeypatch: pytest
 
     calls: list[str] = []
     monkeypatch.setattr(gpu_check, "reference", lambda gguf: calls.append(f"ref {gguf}") or [([1], None)])
-    monkeypatch.setattr(gpu_check, "check", lambda art, gguf, want: calls.append(art) or {"steps": want})
+    monkeypatch.setattr(gpu_check, "check", lambda art, gguf, want, steps: calls.append(art) or {"steps": want})
     both = gpu_check.check_model({"gguf": "g", "artifact": "a", "artifact_linalg": "b"}, float("inf"))
     assert calls == ["ref g", "a", "b"] and both["linalg"] == {"steps": [([1], None)]}
     assert "linalg" not in gpu_check.check_model({"gguf": "g", "artifact": "a", "artifact_linalg": "b"}, 0.0)
