@@ -320,8 +320,10 @@ def check_lines(check: Json, names: dict[str, str]) -> list[str]:
             continue
         errs = ", ".join(f"{s['step']} {s['rel_err']:.1e}" for s in c["steps"])
         lines.append(f"- {name}: {errs}; greedy tokens agree on {c['tokens_agree']} of {c['of']} steps.")
-        if "chained" in c:
-            ch = c["chained"]
+        ch = c.get("chained", {})
+        if "error" in ch:
+            lines.append(f"  - chained greedy steps: not timed ({ch['error'].splitlines()[-1][:200]})")
+        elif ch:
             lines.append(f"  - {ch['steps']} chained greedy steps: {ch['ms_per_step']:.2f} ms a step, "
                          f"{ch['enqueue_ms']:.2f} ms for the host to enqueue one (the host bounds decode where the two are about equal)")
         lin = c.get("linalg", {})

@@ -165,13 +165,15 @@ def test_check_lines_give_each_steps_error_or_why_a_model_was_not_checked() -> N
     linalg = {"steps": steps[:1], "tokens_agree": 1, "of": 1}
     chained = {"steps": 32, "enqueue_ms": 0.61, "ms_per_step": 2.345}
     check = {"1b": {"steps": steps, "tokens_agree": 1, "of": 2, "linalg": linalg, "chained": chained},
-             "8b": {"skipped": "weights of 4.7 GB: numpy takes minutes"}, "smollm2": {"error": "RuntimeError: x\nVK_ERROR"}}  # fmt: skip
+             "8b": {"skipped": "weights of 4.7 GB: numpy takes minutes"}, "smollm2": {"error": "RuntimeError: x\nVK_ERROR"},
+             "gemma": {"steps": steps[:1], "tokens_agree": 1, "of": 1, "chained": {"error": "RuntimeError: lost"}}}  # fmt: skip
     text = "\n".join(bench_gpu.check_lines(check, {"1b": "llama-3.2-1b Q4_0", "8b": "llama-3.1-8b Q4_0"}))
     assert "- llama-3.2-1b Q4_0: prefill 5.1e-03, decode 1 9.3e-01; greedy tokens agree on 1 of 2 steps." in text
     assert "  - without the integer dot-product matmuls: prefill 5.1e-03; tokens agree on 1 of 1." in text
     assert "  - 32 chained greedy steps: 2.35 ms a step, 0.61 ms for the host to enqueue one" in text
     assert "- llama-3.1-8b Q4_0: not checked (weights of 4.7 GB: numpy takes minutes)" in text
     assert "- smollm2: not checked (VK_ERROR)" in text
+    assert "- gemma: prefill 5.1e-03; greedy tokens agree on 1 of 1 steps.\n  - chained greedy steps: not timed (RuntimeError: lost)" in text
 
 
 def test_the_check_feeds_both_artifacts_the_references_steps(monkeypatch: pytest.MonkeyPatch) -> None:
