@@ -134,16 +134,21 @@ def test_functions_compiled_synchronously_still_run() -> None:
     assert np.array_equal(one, expect[ctx, L - 1, 1].astype(np.float32))
 
 
-N_SLOW = 768  # a matmul the device takes milliseconds (CPU) to a tenth of a second (lavapipe) for
-SLOW_MODULE = f"""
+# A matmul the device takes a tenth of a second or so for: long enough that the host's uploads
+# and calls after it (well under a millisecond) cannot outlast it, even on 2 busy cores.
+N_SLOW = {"cpu-task": 1536, "vulkan": 768}
+
+
+def slow_module(n: int) -> str:
+    return f"""
 module @uploads {{
-  func.func @slow(%x: tensor<{N_SLOW}x{N_SLOW}xf32>) -> tensor<{N_SLOW}x{N_SLOW}xf32> {{
+  func.func @slow(%x: tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32> {{
     %z = arith.constant 0.0 : f32
-    %e = tensor.empty() : tensor<{N_SLOW}x{N_SLOW}xf32>
-    %a = linalg.fill ins(%z : f32) outs(%e : tensor<{N_SLOW}x{N_SLOW}xf32>) -> tensor<{N_SLOW}x{N_SLOW}xf32>
-    %y = linalg.matmul ins(%x, %x : tensor<{N_SLOW}x{N_SLOW}xf32>, tensor<{N_SLOW}x{N_SLOW}xf32>)
-        outs(%a : tensor<{N_SLOW}x{N_SLOW}xf32>) -> tensor<{N_SLOW}x{N_SLOW}xf32>
-    return %y : tensor<{N_SLOW}x{N_SLOW}xf32>
+    %e = tensor.empty() : tensor<{n}x{n}xf32>
+    %a = linalg.fill ins(%z : f32) outs(%e : tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32>
+    %y = linalg.matmul ins(%x, %x : tensor<{n}x{n}xf32>, tensor<{n}x{n}xf32>)
+        outs(%a : tensor<{n}x{n}xf32>) -> tensor<{n}x{n}xf32>
+    return %y : tensor<{n}x{n}xf32>
   }}
   func.func @inc(%x: tensor<16xi32>) -> tensor<16xi32> {{
     %e = tensor.empty() : tensor<16xi32>
@@ -165,9 +170,9 @@ def test_an_upload_does_not_wait_for_the_calls_in_flight(device: str) -> None:
     """A decode step's inputs go up while the step before it runs, with its KV write enqueued
     behind it: IREE's default upload (a transfer on the device's queue) waited for both on
     Vulkan, so the host never got a step ahead of the device."""
-    spec = DEVICES[device]()
-    mod = LoadedModule(compile_kernel(SLOW_MODULE, spec.target), spec.uri)
-    x = mod.to_device(np.full((N_SLOW, N_SLOW), 1.0 / N_SLOW, np.float32))
+    spec, n = DEVICES[device](), N_SLOW[device]
+    mod = LoadedModule(compile_kernel(slow_module(n), spec.target), spec.uri)
+    x = mod.to_device(np.full((n, n), 1.0 / n, np.float32))
     mod.fn("slow")(x)  # compiles the device's pipelines before anything is timed
     _, wait = mod.fn("slow").start(x)
     mod.fn("inc").submit(mod.to_device(np.zeros(16, np.int32)))  # enqueued behind it, as a KV write
