@@ -111,7 +111,7 @@ class LoadedModule:
         while self._upload:
             try:
                 return rt.asdevicearray(self.device, host, memory_type=self._upload[0], allowed_usage=UPLOAD_USAGE)
-            except (RuntimeError, ValueError):  # the device has no such memory: the next kind
+            except RuntimeError:  # the device cannot allocate such memory: the next kind
                 self._upload = self._upload[1:]
         return rt.asdevicearray(self.device, host)
 

@@ -181,3 +181,24 @@ def test_an_upload_does_not_wait_for_the_calls_in_flight(device: str) -> None:
     assert mod.timeline.semaphore.query() < mod.timeline.submitted - 1  # the slow call still runs
     wait()
     assert np.array_equal(to_host(mod.fn("inc")(up), mod.device), ids + 1)
+
+
+def test_an_upload_falls_back_to_the_next_kind_of_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device that cannot allocate one kind of upload memory gets the next one, and keeps to it."""
+    import zinc.runtime.module as module_mod
+
+    spec = DEVICES["cpu-task"]()
+    mod = LoadedModule(compile_kernel(slow_module(8), spec.target), spec.uri)
+    real, kinds = module_mod.rt.asdevicearray, []
+
+    def allocate(device: object, host: np.ndarray, **kw: object) -> object:
+        kinds.append(kw.get("memory_type"))
+        if kw.get("memory_type") == module_mod.UPLOAD_MEMORY[0]:
+            raise RuntimeError("could not allocate buffer: RESOURCE_EXHAUSTED")
+        return real(device, host, **kw)
+
+    monkeypatch.setattr(module_mod.rt, "asdevicearray", allocate)
+    ids = np.arange(16, dtype=np.int32)
+    for _ in range(2):
+        assert np.array_equal(to_host(mod.fn("inc")(mod.to_device(ids)), mod.device), ids + 1)
+    assert kinds == [module_mod.UPLOAD_MEMORY[0], module_mod.UPLOAD_MEMORY[1], module_mod.UPLOAD_MEMORY[1]]
