@@ -67,3 +67,24 @@ def test_a_title_matches_a_whole_heading_line_only(tmp_path: Path) -> None:
     doc.write_text("# P\n\n## Sizes: old\n\nkept\n\n## Notes\n")
     replace_section(doc, "## Sizes\n\nnew", "## Sizes")
     assert doc.read_text() == "# P\n\n## Sizes: old\n\nkept\n\n## Sizes\n\nnew\n\n## Notes\n"
+
+
+def test_llama_cpp_decodes_at_the_depth_zinc_decodes_at(tmp_path: Path) -> None:
+    """The prefill figure comes from a run into an empty cache, the decode figure from a run with the
+    given positions cached (a stand-in llama-bench reports its arguments as its rates)."""
+    from bench_sizes import llama_pair
+
+    fake = tmp_path / "llama-bench"
+    fake.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, sys\n"
+        "a = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
+        "rows = []\n"
+        "if a['-p'] != '0': rows.append({'n_prompt': int(a['-p']), 'avg_ts': 1000 + int(a['-d'])})\n"
+        "if a['-n'] != '0': rows.append({'n_prompt': 0, 'avg_ts': 2000 + int(a['-d'])})\n"
+        "print(json.dumps(rows))\n"
+    )
+    fake.chmod(0o755)
+    row = llama_pair(fake, tmp_path / "model.gguf", 64, 128)
+    assert row["prefill"] == 1000 and row["decode"] == 2128
+    assert row["maxrss_mib"] > 0
