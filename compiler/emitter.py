@@ -555,19 +555,22 @@ class Body:
 
     def rope_neox(
         self, x: str, start: str, heads: int, head_dim: int, base: float, freq_scale: float, hint: str,
-        freq_factors: tuple[float, ...] = (),
+        freq_factors: tuple[float, ...] = (), bias: str | None = None,
     ) -> str:
         """NEOX RoPE (dim i pairs with i + head_dim/2) over every dim, positions scaled by `freq_scale`
-        and pair i's frequency divided by `freq_factors[i]` when there are factors."""
-        name = f"rope_neox_{self.t_tag}_{heads}x{head_dim}"
+        and pair i's frequency divided by `freq_factors[i]` when there are factors; with `bias`
+        ([heads*head_dim]), of x + bias, added in the same dispatch."""
+        hhd_n, p = heads * head_dim, head_dim // 2
+        name = f"rope_neox_{self.t_tag}_{heads}x{head_dim}{'_bias' if bias else ''}"
         subs = {
-            "NAME": name, "HHD": str(heads * head_dim), "H": str(heads), "P": str(head_dim // 2),
-            **t_dims(self.dynamic),
+            "NAME": name, "HHD": str(hhd_n), "H": str(heads), "P": str(p), **t_dims(self.dynamic),
+            **_neox_bias(heads, p, hhd_n, bias is not None),
         }  # fmt: skip
         self.mod.helper(name, template("rope_neox.mlir").substitute(subs))
-        cs, sn = self.rope_table(start, head_dim // 2, -2.0 / head_dim, base, freq_scale, freq_factors)
-        hhd, tab = self.act(heads * head_dim), self.act(head_dim // 2)
-        return self.call(name, [(x, hhd), (cs, tab), (sn, tab)], hhd, hint)
+        cs, sn = self.rope_table(start, p, -2.0 / head_dim, base, freq_scale, freq_factors)
+        hhd, tab = self.act(hhd_n), self.act(p)
+        args = [(x, hhd), (cs, tab), (sn, tab)] + ([(bias, f"tensor<{hhd_n}xf32>")] if bias else [])
+        return self.call(name, args, hhd, hint)
 
     def rmsnorm_heads(self, x: str, w: str, heads: int, head_dim: int, eps: float, hint: str) -> str:
         """RMSNorm of each head of x [T, heads*head_dim] with one [head_dim] weight (QK-norm)."""
@@ -674,3 +677,21 @@ def rope_freqs(base: float, neg2_over_nr: float, factors: tuple[float, ...], pai
 def _sym(x: float) -> str:
     """A float as a symbol-name fragment (helpers with baked-in constants differ by name)."""
     return f"{x:.9g}".replace(".", "p").replace("-", "m").replace("+", "")
+
+
+def _neox_bias(heads: int, p: int, hhd: int, on: bool) -> dict[str, str]:
+    """mlir/rope_neox.mlir's BIAS_* placeholders: the bias's halves as two more inputs of the loop,
+    added to the halves of x it reads; all empty without a bias."""
+    if not on:
+        return dict.fromkeys(("BIAS_ARG", "BIAS_SETUP", "BIAS_MAPS", "BIAS_INS", "BIAS_TYPES", "BIAS_RAW", "BIAS_BB", "BIAS_ADD"), "")
+    half = f"tensor<{heads}x{p}xf32>"
+    setup = [
+        f"  %br = tensor.expand_shape %bias [[0, 1, 2]] output_shape [{heads}, 2, {p}] : tensor<{hhd}xf32> into tensor<{heads}x2x{p}xf32>",
+        *(f"  %b{s} = tensor.extract_slice %br[0, {s}, 0] [{heads}, 1, {p}] [1, 1, 1] : tensor<{heads}x2x{p}xf32> to {half}" for s in (0, 1)),
+    ]
+    hmap = "affine_map<(t, h, s, i) -> (h, i)>"
+    return {
+        "BIAS_ARG": f", %bias: tensor<{hhd}xf32>", "BIAS_SETUP": "".join("\n" + line for line in setup), "BIAS_MAPS": f", {hmap}, {hmap}",
+        "BIAS_INS": ", %b0, %b1", "BIAS_TYPES": f", {half}, {half}", "BIAS_RAW": "_x", "BIAS_BB": ", %blo: f32, %bhi: f32",
+        "BIAS_ADD": "\n      %lo = arith.addf %lo_x, %blo : f32\n      %hi = arith.addf %hi_x, %bhi : f32",
+    }

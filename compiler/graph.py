@@ -329,15 +329,16 @@ class _Entry:
         as the recipe says."""
         hp, b, p = self.hp, self.b, f"blk.{il}."
         hd, n = hp.key_length, heads * hp.key_length
-        if hp.attn_qkv_bias:
-            y = b.bias_add(y, self.vector(f"{p}attn_{part}.bias", n), n, f"{part.upper()}bias")
+        bias = self.vector(f"{p}attn_{part}.bias", n) if hp.attn_qkv_bias else None
+        if bias is not None and (part == "v" or hp.attn_qk_norm or hp.rope_type != "neox"):
+            y, bias = b.bias_add(y, bias, n, f"{part.upper()}bias"), None  # else NEOX RoPE adds it
         if part == "v":
             return y
         if hp.attn_qk_norm:
             w = self.vector(f"{p}attn_{part}_norm.weight", hd)
             y = b.rmsnorm_heads(y, w, heads, hd, hp.layer_norm_rms_epsilon, f"{part.upper()}norm")
         # k stays in linalg: IREE fuses its RoPE with the rounding to the slab's type (paged.to_slab)
-        return _rope(b, hp, il, y, heads, f"{part.upper()}rope", by_hand=part == "q")
+        return _rope(b, hp, il, y, heads, f"{part.upper()}rope", by_hand=part == "q", bias=bias)
 
     def attention(self, il: int, cur: str, new_rows: str) -> tuple[str, str]:
         """Layer `il`'s attention over the cached rows and this step's; adds its K/V to `new_rows`."""
@@ -461,11 +462,13 @@ class _Entry:
         return one.argmax(logits, nv), logits
 
 
-def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str, by_hand: bool) -> str:
+def _rope(b: Body, hp: HParams, il: int, x: str, heads: int, hint: str, by_hand: bool, bias: str | None = None) -> str:
+    """RoPE of q or k as the recipe says; `bias` (NEOX only) is added to x in the same dispatch."""
     pos = "%pos" if b.per_row else "%start"
     factors = hp.rope_freq_factors  # Llama 3.1/3.2's rope_freqs (none: the same MLIR as before them)
     if hp.rope_type == "neox":
-        return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint, factors)
+        return b.rope_neox(x, pos, heads, hp.key_length, hp.rope_base(il), hp.rope_scale(il), hint, factors, bias)
+    assert bias is None, "only NEOX RoPE takes the projection's bias"
     n_rot = hp.rope_dimension_count
     return b.rope(x, pos, heads, hp.key_length, n_rot, hp.rope_base(il), hint, by_hand, factors)
 

@@ -5,7 +5,10 @@
 // One loop over (t, h, s, i) writes each half in place: y[s] = x[s] cos -+ x[1 - s] sin (minus for
 // the first half), both halves read as slices of x. Two results put side by side after the loop
 // cost IREE a copy dispatch per half: four a layer with q and k.
-func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %cst: tensor<${T}x${P}xf32>, %snt: tensor<${T}x${P}xf32>) -> tensor<${T}x${HHD}xf32> {
+// With a projection's bias (qwen2's attn_q/k.bias: BIAS_* filled in), x + bias is what rotates,
+// added in the same loop: IREE cannot fuse a separate add into it (the loop reads x at two
+// places per element), so the add was a dispatch of its own, two a layer.
+func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %cst: tensor<${T}x${P}xf32>, %snt: tensor<${T}x${P}xf32>${BIAS_ARG}) -> tensor<${T}x${HHD}xf32> {
   %c0 = arith.constant 0 : index
   %T = tensor.dim %x, %c0 : tensor<${T}x${HHD}xf32>
   %xr = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [${TV}, ${H}, 2, ${P}]
@@ -13,15 +16,15 @@ func.func private @${NAME}(%x: tensor<${T}x${HHD}xf32>, %cst: tensor<${T}x${P}xf
   %x0 = tensor.extract_slice %xr[0, 0, 0, 0] [${TV}, ${H}, 1, ${P}] [1, 1, 1, 1]
       : tensor<${T}x${H}x2x${P}xf32> to tensor<${T}x${H}x${P}xf32>
   %x1 = tensor.extract_slice %xr[0, 0, 1, 0] [${TV}, ${H}, 1, ${P}] [1, 1, 1, 1]
-      : tensor<${T}x${H}x2x${P}xf32> to tensor<${T}x${H}x${P}xf32>
+      : tensor<${T}x${H}x2x${P}xf32> to tensor<${T}x${H}x${P}xf32>${BIAS_SETUP}
   %e = tensor.empty(${DYN}) : tensor<${T}x${H}x2x${P}xf32>
   %r = linalg.generic {indexing_maps = [affine_map<(t, h, s, i) -> (t, h, i)>,
         affine_map<(t, h, s, i) -> (t, h, i)>, affine_map<(t, h, s, i) -> (t, i)>,
-        affine_map<(t, h, s, i) -> (t, i)>, affine_map<(t, h, s, i) -> (t, h, s, i)>],
+        affine_map<(t, h, s, i) -> (t, i)>${BIAS_MAPS}, affine_map<(t, h, s, i) -> (t, h, s, i)>],
       iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%x0, %x1, %cst, %snt : tensor<${T}x${H}x${P}xf32>, tensor<${T}x${H}x${P}xf32>, tensor<${T}x${P}xf32>, tensor<${T}x${P}xf32>)
+      ins(%x0, %x1, %cst, %snt${BIAS_INS} : tensor<${T}x${H}x${P}xf32>, tensor<${T}x${H}x${P}xf32>, tensor<${T}x${P}xf32>, tensor<${T}x${P}xf32>${BIAS_TYPES})
       outs(%e : tensor<${T}x${H}x2x${P}xf32>) {
-    ^bb0(%lo: f32, %hi: f32, %cs: f32, %sn: f32, %o: f32):
+    ^bb0(%lo${BIAS_RAW}: f32, %hi${BIAS_RAW}: f32, %cs: f32, %sn: f32${BIAS_BB}, %o: f32):${BIAS_ADD}
       %s = linalg.index 2 : index
       %first = arith.cmpi eq, %s, %c0 : index
       %self = arith.select %first, %lo, %hi : f32

@@ -100,8 +100,16 @@ def test_rope_with_frequency_factors_at_long_context(hd: int, n_rot: int, device
         assert np.array_equal(one[0], got[i]), f"row {i} alone differs from the same row among others"
 
 
-def neox_module(hd: int, cpu: bool) -> str:
-    return module_of(lambda b: b.rope_neox("%x", "%start", HEADS, hd, BASE, 0.5, "roped"), hd, cpu, "rope_neox")
+def neox_module(hd: int, cpu: bool, bias: np.ndarray | None = None) -> str:
+    def rope(b: Body) -> str:
+        bias_value = None
+        if bias is not None:  # a constant in the module, as a projection's bias loaded from the GGUF
+            bias_value = b.fresh("bias")
+            values = ", ".join(f"{v:.9e}" for v in bias)
+            b.emit(f"{bias_value} = arith.constant dense<[{values}]> : tensor<{len(bias)}xf32>")
+        return b.rope_neox("%x", "%start", HEADS, hd, BASE, 0.5, "roped", bias=bias_value)
+
+    return module_of(rope, hd, cpu, "rope_neox")
 
 
 def neox_reference(x: np.ndarray, start: int, hd: int, freq_scale: float) -> np.ndarray:
@@ -127,6 +135,19 @@ def test_neox_rope_matches_the_rotation_alone_and_in_rows(hd: int, device: str, 
     for i in range(len(x)):
         one = to_host(mod.fn("one")(mod.to_device(x[i : i + 1]), start + i), mod.device)
         assert np.array_equal(one[0], got[i]), f"row {i} alone differs from the same row among others"
+
+
+@pytest.mark.parametrize(("device", "cpu"), KERNEL_FORMS)
+def test_neox_rope_adds_a_projection_bias_before_it_rotates(device: str, cpu: bool) -> None:
+    """qwen2's attn_q/k.bias, added inside the RoPE dispatch: RoPE of x + bias, each half its own
+    part of the bias."""
+    spec, hd = DEVICES[device](), 64
+    rng = np.random.default_rng(12)
+    bias = rng.standard_normal(HEADS * hd).astype(np.float32)
+    mod = LoadedModule(compile_kernel(neox_module(hd, cpu, bias), spec.target), spec.uri)
+    x = rng.standard_normal((4, HEADS * hd)).astype(np.float32)
+    got = to_host(mod.fn("rows")(mod.to_device(x), 7), mod.device)
+    np.testing.assert_allclose(got, neox_reference(x + bias, 7, hd, 0.5), rtol=1e-4, atol=1e-4)
 
 
 def test_neox_rope_writes_both_halves_in_its_own_dispatch() -> None:

@@ -150,3 +150,17 @@ def test_sequences_exercise_every_switch(tiny_models: dict[str, Path], fixture: 
         moved = float(np.abs(_sequence_logits(ref) - base).max() / np.abs(base).max())
         assert moved > 1e-3, f"{fixture}: {change} moves the logits by only {moved:.1e}"
     ref.hp = hp
+
+
+def test_qwen2_adds_its_q_and_k_biases_inside_rope(tiny_models: dict[str, Path]) -> None:
+    """q's and k's biases go into the NEOX RoPE dispatch; only v's (no RoPE after it) is an add of its own."""
+    from zinc.compiler.graph import emit_module
+
+    desc = describe(open_gguf(tiny_models["tiny-qwen2"]))
+    layers = desc.hparams.block_count
+    mod = emit_module(desc, tiled=True, dot8=True, batch_sizes=(1, 4))
+    for entry in mod.entries:
+        name = re.match(r"func\.func @(\w+)\(", entry).group(1)  # type: ignore[union-attr]
+        if name.startswith(("decode_b", "prefill")):
+            assert len(re.findall(r"call @bias_", entry)) == layers, name
+            assert len(re.findall(r"call @rope_neox_\w+_bias\(", entry)) == 2 * layers, name
