@@ -10,7 +10,11 @@ sliding-window layers, embedding and query scales and final logit softcapping. W
 kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows in groups of 8,
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
 do. With `kv_f16`, cached keys and values are rounded to f16 as the KV slab stores them on every
-target (the step that computes a position reads it rounded too). Slow by design; used by tests and for
+target (the step that computes a position reads it rounded too). With `gemm` ("f16" or "f32"),
+a block of more than one token follows the prompt chunks of a Vulkan named target
+(zinc.compiler.gemm): its matmuls take no Q8 rounding, their operands rounded to `gemm`'s type
+instead, and only the output head, a one-token kernel there, rounds to Q8 (with
+`q8_activations`); a one-token block is a decode step, Q8 throughout. Slow by design; used by tests and for
 debugging. `hidden` stops before the output head: the final hidden states an embedding pools.
 Imports: numpy, gguf, zinc.model.
 """
@@ -84,7 +88,8 @@ class _Weights(Mapping[str, F64]):
 
 class ReferenceModel:
     def __init__(
-        self, model: GGUFModel, q8_activations: bool = False, kv_f16: bool = False, lazy: bool = False
+        self, model: GGUFModel, q8_activations: bool = False, kv_f16: bool = False, lazy: bool = False,
+        gemm: str | None = None,
     ) -> None:
         """`lazy`: dequantize each matrix when a step uses it, not all up front (a 1B model's
         weights in float64 are 10 GB; one at a time, its output head's 2 GB)."""
@@ -93,6 +98,8 @@ class ReferenceModel:
         self.w: Mapping[str, F64] = _Weights(reader, lazy)
         self.q8_activations = q8_activations
         self.kv_f16 = kv_f16
+        self.gemm = gemm
+        self.head = "token_embd.weight" if self.hp.tied_output else "output.weight"
         self.q8_weights: set[str] = set()  # weights whose matmuls take Q8 activations
         for t in reader.tensors:
             if t.tensor_type.name in Q8_WEIGHTS and len(t.shape) == 2 and int(t.shape[1]) % 8 == 0:
@@ -141,10 +148,16 @@ class ReferenceModel:
         return y
 
     def _mm(self, x: F64, name: str) -> F64:
-        """x @ W^T, the activations rounded to Q8 first where the CPU kernels do that."""
+        """x @ W^T, the activations rounded to Q8 first where the CPU kernels do that (and the
+        operands to the GEMM's type in a Vulkan prompt chunk, with `gemm`)."""
+        w = self.w[name]
+        if self.gemm and len(x) > 1 and name != self.head:  # a prompt chunk's GEMM
+            if self.gemm == "f16":
+                x, w = (np.asarray(np.clip(a, -65504, 65504).astype(np.float16), dtype=np.float64) for a in (x, w))
+            return np.asarray(x @ w.T)
         if self.q8_activations and name in self.q8_weights:
             x = q8_round(x)
-        return np.asarray(x @ self.w[name].T)
+        return np.asarray(x @ w.T)
 
     def _attention(self, q: F64, kall: F64, vall: F64, start: int, il: int) -> F64:
         hp = self.hp
@@ -168,8 +181,7 @@ class ReferenceModel:
     def forward(self, ids: list[int]) -> F64:
         """Run `ids` after what is already cached; returns the logits of every new position [T, V]."""
         hp = self.hp
-        out = "token_embd.weight" if hp.tied_output else "output.weight"
-        logits = self._mm(self.hidden(ids), out)
+        logits = self._mm(self.hidden(ids), self.head)
         if hp.final_logit_softcapping:
             cap = hp.final_logit_softcapping
             logits = cap * np.tanh(logits / cap)
