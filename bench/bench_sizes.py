@@ -77,12 +77,12 @@ def llama_bench(binary: Path, gguf: Path, n_decode: int, prompt: int = PROMPT, d
     return {**rate, "build": rows[0].get("build_commit"), "maxrss_mib": usage.ru_maxrss / 1024}
 
 
-def llama_pair(binary: Path, gguf: Path, n_decode: int, depth: int) -> Json:
-    """llama-bench's prefill of a PROMPT-token prompt into an empty cache, then its decode with
+def llama_pair(binary: Path, gguf: Path, n_decode: int, depth: int, prompt: int = PROMPT) -> Json:
+    """llama-bench's prefill of a `prompt`-token prompt into an empty cache, then its decode with
     `depth` positions cached: the context zinc decodes at (bench.py's worker decodes after its
     `decode_prompt`). At depth 0 llama.cpp decodes with an empty cache, 2-7% faster at 1B than
     after 128 positions, which would set zinc against an easier run than its own."""
-    pre = llama_bench(binary, gguf, 0)
+    pre = llama_bench(binary, gguf, 0, prompt=prompt)
     dec = llama_bench(binary, gguf, n_decode, prompt=0, depth=depth)
     return {**pre, "decode": dec["decode"], "maxrss_mib": max(pre["maxrss_mib"], dec["maxrss_mib"])}
 
@@ -124,9 +124,7 @@ def bench_long(name: str, quant: str, runs: int, n_decode: int, llama_bin: Path 
                     row = run_worker("long", spec, tmp, dict(os.environ), script=Path(__file__).resolve())
                 else:
                     assert llama_bin is not None
-                    pre = llama_bench(llama_bin / "llama-bench", gguf, 0, prompt=long)
-                    dec = llama_bench(llama_bin / "llama-bench", gguf, n_decode, prompt=0, depth=long)
-                    row = {"prefill": pre["prefill"], "decode": dec["decode"]}
+                    row = llama_pair(llama_bin / "llama-bench", gguf, n_decode, depth=long, prompt=long)
                 out[kind].append(row)
                 say(f"  long {i + 1} {kind}: prefill {long}: {row['prefill']:.1f} tok/s, "
                     f"decode at {long}: {row['decode']:.2f} tok/s")  # fmt: skip
