@@ -1,4 +1,4 @@
-"""`n` > 1, `echo` and `/infill` over HTTP on the fake engine (issue 39), with the `openai` SDK where
+"""`n` > 1, batched prompts, `echo`, `suffix` and `/infill` over HTTP on the fake engine (issue 39), with the `openai` SDK where
 it applies: choices by index whole and streamed, usage, the 400s, an echoed prompt, and /infill's
 llama.cpp shapes (the FIM prompt the engine gets, the answer, the stream, a model without FIM)."""
 
@@ -87,6 +87,40 @@ def test_completions_n_2_whole_and_streamed(srv: RunningServer) -> None:
     assert texts == [expected_text(2)] * 2
 
 
+def test_a_batch_of_prompts_gives_each_its_n_choices_in_order_whole_and_streamed(srv: RunningServer) -> None:
+    ask: Any = {"model": "fake-model", "prompt": ["ab", "cde"], "max_tokens": 2, "n": 2, "seed": 9, "echo": True}
+    whole = client(srv).completions.create(**ask)
+    assert [(c.index, c.text) for c in whole.choices] == [
+        (0, "ab" + expected_text(2)), (1, "ab" + expected_text(2)),
+        (2, "cde" + expected_text(2)), (3, "cde" + expected_text(2)),
+    ]  # fmt: skip
+    requests = srv.engine.requests[-4:]
+    assert [list(r.prompt_ids) for r in requests] == [[BOS, *b"ab"]] * 2 + [[BOS, *b"cde"]] * 2
+    assert [r.sampling.seed for r in requests] == [9, 10, 9, 10]  # each prompt's choices as if alone
+    assert len({r.prompt_group for r in requests}) == 2
+    assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (3 + 4, 8)
+    texts = [""] * 4
+    for chunk in client(srv).completions.create(**ask, stream=True):
+        for c in chunk.choices:
+            texts[c.index] += c.text
+    assert texts == [c.text for c in whole.choices]
+
+
+def test_a_batch_larger_than_parallel_runs_in_turns_and_one_past_the_queue_is_400(srv: RunningServer) -> None:
+    prompts = [[BOS, 104 + i] for i in range(10)]  # parallel 4: three turns
+    batch = client(srv).completions.create(model="fake-model", prompt=prompts, max_tokens=2)
+    assert [c.index for c in batch.choices] == list(range(10))
+    assert all(c.text == expected_text(2) and c.finish_reason == "length" for c in batch.choices)
+    assert [list(r.prompt_ids) for r in srv.engine.requests] == prompts
+    srv.engine.requests.clear()
+    with pytest.raises(openai.BadRequestError) as info:  # 4 running + 16 queued at most
+        client(srv).completions.create(model="fake-model", prompt=["x"] * 11, max_tokens=2, n=2)
+    assert "--max-queue 16" in str(info.value) and srv.engine.requests == []
+    with pytest.raises(openai.BadRequestError) as info:
+        client(srv).completions.create(model="fake-model", prompt=["x", "y" * 600], max_tokens=2)
+    assert info.value.body["param"] == "prompt[1]"  # type: ignore[index]
+
+
 def test_n_past_parallel_and_out_of_range_are_400(srv: RunningServer) -> None:
     for n, words in ((5, "--parallel 4"), (0, "from 1 to 128")):
         with pytest.raises(openai.BadRequestError) as info:
@@ -107,6 +141,23 @@ def test_echo_puts_the_prompt_before_the_text_whole_and_streamed(srv: RunningSer
     with pytest.raises(openai.BadRequestError) as info:
         client(srv).completions.create(model="fake-model", prompt="x", max_tokens=1, echo=True, logprobs=1)
     assert "logprobs" in str(info.value)
+
+
+def test_completions_suffix_fills_in_the_middle_and_needs_fim_tokens_and_text(srv: RunningServer) -> None:
+    with pytest.raises(openai.BadRequestError) as info:  # no FIM tokens yet
+        client(srv).completions.create(model="fake-model", prompt="ab", suffix="cd", max_tokens=2)
+    assert "cannot infill" in str(info.value) and info.value.body["param"] == "suffix"  # type: ignore[index]
+    srv.engine.specials.update(FIM)
+    answer = client(srv).completions.create(model="fake-model", prompt=["ab", "x"], suffix="cd", max_tokens=2, echo=True)
+    assert [c.text for c in answer.choices] == ["ab" + expected_text(2), "x" + expected_text(2)]
+    assert [list(r.prompt_ids) for r in srv.engine.requests] == [
+        [BOS, 300, *b"ab", 301, *b"cd", 302], [BOS, 300, *b"x", 301, *b"cd", 302]
+    ]  # fmt: skip
+    with pytest.raises(openai.BadRequestError) as info:
+        client(srv).completions.create(model="fake-model", prompt=[104, 105], suffix="cd", max_tokens=2)
+    assert "text prompt" in str(info.value)
+    plain = client(srv).completions.create(model="fake-model", prompt="ab", suffix="", max_tokens=1)
+    assert list(srv.engine.requests[-1].prompt_ids) == [BOS, *b"ab"] and plain.choices[0].text
 
 
 def test_infill_answers_in_llama_cpps_shape(srv: RunningServer) -> None:

@@ -2,7 +2,8 @@
 `openai` SDK (issue 39): the choices are decoded together and the prompt is prefilled once for
 all of them (the others prefill only its last page's tokens); greedy choices are identical and
 equal to n = 1's; with a `seed`, choice i samples exactly as a lone request with seed + i does,
-so the choices are reproducible and differ. SmolLM2 has no FIM tokens: /infill is a 400."""
+so the choices are reproducible and differ; a batch of prompts answers each as it would alone.
+SmolLM2 has no FIM tokens: /infill is a 400."""
 
 from __future__ import annotations
 
@@ -123,6 +124,17 @@ def test_echo_returns_the_prompt_and_then_the_same_completion(srv: RunningServer
     plain = c.completions.create(model="smollm2", prompt=prompt, max_tokens=6).choices[0].text
     echoed = c.completions.create(model="smollm2", prompt=prompt, max_tokens=6, echo=True).choices[0].text
     assert echoed == prompt + plain
+
+
+def test_a_batch_of_prompts_answers_each_as_it_would_alone(srv: RunningServer, engine: LocalEngine) -> None:
+    c = client(srv)
+    prompts = ["The sun rises in the", "My favourite animal is", "1, 2, 3,", "Paris is", "Water is", "Red and"]
+    ask: Any = {"model": "smollm2", "max_tokens": 8, "temperature": 1.0, "seed": 3}
+    batch = c.completions.create(**ask, prompt=prompts, n=2)  # 12 choices over 4 slots: in turns
+    alone = [texts(c.completions.create(**ask, prompt=p, n=2).choices) for p in prompts]
+    assert texts(batch.choices) == [t for pair in alone for t in pair]
+    assert batch.usage is not None
+    assert batch.usage.prompt_tokens == sum(len(engine.tokenize(p)) for p in prompts)
 
 
 def test_infill_on_a_model_without_fim_tokens_is_a_400(srv: RunningServer) -> None:

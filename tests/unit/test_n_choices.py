@@ -137,6 +137,23 @@ def test_echo_parses_and_is_refused_with_logprobs() -> None:
         parse_completion({"prompt": "x", "echo": "yes"})
 
 
+def test_prompt_takes_openais_four_forms_and_refuses_the_rest() -> None:
+    forms: list[tuple[Any, tuple[Any, ...]]] = [
+        ("x", ("x",)),
+        ([5, 6], ((5, 6),)),
+        (["x"], ("x",)),
+        (["a", "b", ""], ("a", "b", "")),
+        ([[5, 6]], ((5, 6),)),
+        ([[5], [6, 7]], ((5,), (6, 7))),
+    ]
+    for given, prompts in forms:
+        assert parse_completion({"prompt": given}).prompts == prompts
+    for bad in ([], ["a", [5]], [[5], []], [[5, -1]], [True], [1.5], {"a": 1}, 3, ["a"] * 2049):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_completion({"prompt": bad})
+        assert info.value.param == "prompt"
+
+
 def test_best_of_equal_to_n_is_accepted_and_other_values_refused() -> None:
     assert parse_completion({"prompt": "x", "n": 2, "best_of": 2}).common.n == 2
     with pytest.raises(InvalidRequestError) as info:
@@ -150,7 +167,7 @@ def test_each_choice_gets_its_own_seed_and_the_group() -> None:
     assert [r.sampling.seed for r in requests] == [41, 42, 43]
     assert [r.session_id for r in requests] == ["s", None, None]
     assert len({r.request_id for r in requests}) == 3
-    assert {r.prompt_group for r in requests} == {"cmpl-1/choices"}
+    assert {r.prompt_group for r in requests} == {"cmpl-1/choices/0"}
     unseeded = choice_requests(GenerationRequest("c", [1], 8, SamplingParams(temperature=1.0)), 2)
     assert [r.sampling.seed for r in unseeded] == [None, None]
 

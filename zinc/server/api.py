@@ -14,7 +14,9 @@ made); a forced `tool_choice` or a `response_format` becomes the request's gramm
 (zinc.server.anthropic_api) and the OpenAI Responses API (zinc.server.responses_api) to run the
 same way with their own response shapes. A request with
 `n` > 1 choices takes `n` admission slots at once (at most `--parallel`) and is answered by
-zinc.server.choices. An `X-Session-Id` header stands for the body's `session_id` when that is
+zinc.server.choices, as is a /v1/completions batch (an array of prompts), whose prompts take
+their slots in turn (a batch may hold at most `--parallel` + `--max-queue` generations). A
+completion's `suffix` makes each text prompt a fill-in-the-middle prompt (zinc.server.fim). An `X-Session-Id` header stands for the body's `session_id` when that is
 absent (balancers hash on headers, not bodies). While `draining` (after SIGTERM, zinc.server.app),
 `/health` answers 503 so balancers stop sending requests, which are still served meanwhile.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
@@ -28,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from urllib.parse import unquote
 
 import orjson
@@ -47,6 +50,7 @@ from zinc.server.choices import ChoiceEvents, choice_requests, respond_choices
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import NotFoundError, describe
 from zinc.server.exchange import Exchange, HttpRequest
+from zinc.server.fim import engine_fim_prompt, fim_texts
 from zinc.server.openai_request import (
     ChatParams,
     CommonParams,
@@ -76,7 +80,7 @@ class Admission:
 
     def __init__(self, parallel: int, max_queued: int) -> None:
         self.parallel = parallel
-        self._max_queued = max_queued
+        self.max_queued = max_queued
         self.running = 0
         self.waiting = 0
         self._queue: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -84,7 +88,7 @@ class Admission:
     @asynccontextmanager
     async def slot(self, n: int = 1) -> AsyncIterator[None]:
         if self._queue or self.running + n > self.parallel:
-            if self.waiting + n > self._max_queued:
+            if self.waiting + n > self.max_queued:
                 raise QueueFullError("The server is busy: too many requests are running and queued.")
             entry = (n, asyncio.get_running_loop().create_future())
             self._queue.append(entry)
@@ -174,12 +178,20 @@ class OpenAIApi:
     async def completions(self, request: HttpRequest, exchange: Exchange) -> None:
         params = parse_completion(session_header(decode_json(await exchange.body()), request))
         model = await self.select_model(params.common.model)
-        prompt = params.prompt
-        ids = self._engine.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        echo = "" if not params.echo else prompt if isinstance(prompt, str) else self._engine.detokenize(ids)
-        shape = TextShape(model, echo)
+        if params.suffix:  # fill in the middle, between each prompt and the suffix
+            texts = fim_texts(params.prompts, params.suffix)
+            prompts = [engine_fim_prompt(self._engine, t, params.common.max_tokens, "suffix") for t in texts]
+        else:
+            prompts = [self._engine.tokenize(p) if isinstance(p, str) else list(p) for p in params.prompts]
+        echoes: list[str] = []
+        for text, ids in zip(params.prompts, prompts, strict=True) if params.echo else ():
+            echoes += [text if isinstance(text, str) else self._engine.detokenize(ids)] * params.common.n
+        shape = TextShape(model, echoes)
+        if len(prompts) > 1:
+            await self._choices(exchange, shape, params.common, prompts, "prompt", OutputParser(), params.common.grammar)
+            return
         await self._generate(
-            exchange, shape, params.common, ids, "prompt", OutputParser(), params.common.grammar
+            exchange, shape, params.common, prompts[0], "prompt", OutputParser(), params.common.grammar
         )
 
     async def models(self, request: HttpRequest, exchange: Exchange) -> None:
@@ -259,7 +271,7 @@ class OpenAIApi:
         grammar: Grammar | None,
     ) -> None:
         if common.n > 1:
-            await self._choices(exchange, shape, common, prompt_ids, param, parser, grammar)
+            await self._choices(exchange, shape, common, [prompt_ids], param, parser, grammar)
             return
         async with self.generation(shape.id, common, prompt_ids, param, grammar) as (request, events, first):
             if common.stream:
@@ -317,26 +329,40 @@ class OpenAIApi:
         exchange: Exchange,
         shape: Shape,
         common: CommonParams,
-        prompt_ids: Sequence[int],
+        prompts: Sequence[Sequence[int]],
         param: str,
         parser: OutputParser,
         grammar: Grammar | None,
     ) -> None:
-        """`n` > 1 choices (zinc.server.choices): n generations that take n admission slots."""
-        if common.n > self._admission.parallel:
+        """`n` > 1 choices of each of `prompts` (zinc.server.choices): a prompt's n generations
+        take n admission slots together; a batch's prompts take theirs in turn."""
+        admission = self._admission
+        if common.n > admission.parallel:
             raise InvalidRequestError(
-                f"'n' is {common.n}, more than this server decodes together (--parallel "
-                f"{self._admission.parallel}).",
+                f"'n' is {common.n}, more than this server decodes together (--parallel {admission.parallel}).",
                 param="n",
             )
-        requests = choice_requests(self.request(shape.id, common, prompt_ids, param, grammar), common.n)
-        async with self._admission.slot(common.n):
-            events = ChoiceEvents([self._engine.generate(r) for r in requests])
-            try:
-                await events.started()
-                await respond_choices(exchange, shape, common, requests, events, parser.fresh, ending)
-            finally:
-                await events.close()
+        if len(prompts) * common.n > admission.parallel + admission.max_queued:
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts x n={common.n} are more generations than this server runs and "
+                f"queues at once (--parallel {admission.parallel} + --max-queue {admission.max_queued}).",
+                param=param,
+            )
+        requests: list[GenerationRequest] = []
+        for p, ids in enumerate(prompts):
+            where = param if len(prompts) == 1 else f"{param}[{p}]"
+            first = self.request(shape.id, replace(common, session_id=None) if p else common, ids, where, grammar)
+            requests += choice_requests(first, common.n, p * common.n)
+        groups = [
+            (admission.slot(common.n), [self._engine.generate(r) for r in requests[i : i + common.n]])
+            for i in range(0, len(requests), common.n)
+        ]
+        events = ChoiceEvents(groups)
+        try:
+            await events.started()
+            await respond_choices(exchange, shape, common, requests, events, parser.fresh, ending)
+        finally:
+            await events.close()
 
     async def _whole(
         self,

@@ -1,14 +1,17 @@
-"""`n` > 1: several choices of one chat or text completion, generated together, whole or streamed.
+"""Several choices of one chat or text completion (`n` > 1, or a batch of prompts), generated
+together, whole or streamed.
 
-Owns: `choice_requests` (one `GenerationRequest` per choice: the same prompt under one
+Owns: `choice_requests` (one `GenerationRequest` per choice of a prompt: the same prompt under one
 `prompt_group`, so the engine prefills it once and the others take its KV pages; with a `seed`,
-choice i samples with seed + i, so each choice's stream is reproducible and they differ; only
-choice 0 keeps a `session_id`), `ChoiceEvents` (every choice's engine events merged in the order
-they come, each generation's iterator closed on exit, which aborts what still runs), and
-`respond_choices`, the response: every choice's first event is awaited before the head (errors
-before it are plain JSON errors), each choice's text goes through its own `OutputParser`, streamed
-chunks carry their choice's `index`, and usage counts the prompt once and the completion tokens of
-every choice (`cached_tokens`: the prompt tokens no choice computed).
+choice j of each prompt samples with seed + j, so each choice's stream is reproducible, they differ,
+and a batched prompt answers as it would alone; only the first choice keeps a `session_id`),
+`ChoiceEvents` (every choice's engine events merged in the order they come; each prompt's choices
+start once its admission gate lets them, so a batch larger than `--parallel` runs in turns; each
+generation's iterator is closed on exit, which aborts what still runs), and `respond_choices`, the
+response: every choice's first event is awaited before the head (errors before it are plain JSON
+errors), each choice's text goes through its own `OutputParser`, streamed chunks carry their
+choice's `index`, and usage counts each prompt once and the completion tokens of every choice
+(`cached_tokens`: per prompt, the prompt tokens none of its choices computed).
 Imports: zinc.engine.types, zinc.errors, zinc.server (chat_output, exchange, openai_request,
 openai_response, error_table), orjson, the stdlib.
 """
@@ -19,6 +22,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 
 import orjson
@@ -38,19 +42,22 @@ Shape = ChatShape | TextShape
 Item = tuple[int, TextDelta | BaseException | None]  # (choice, its next event, an error or its end)
 
 
-def choice_requests(request: GenerationRequest, n: int) -> list[GenerationRequest]:
-    """`request` as `n` choices that share its prompt (and its prefill)."""
-    group = f"{request.request_id}/choices"
+Group = tuple[AbstractAsyncContextManager[None], Sequence[AsyncIterator[TextDelta]]]  # a gate, its streams
+
+
+def choice_requests(request: GenerationRequest, n: int, first: int = 0) -> list[GenerationRequest]:
+    """`request` as `n` choices that share its prompt (and its prefill), numbered from `first`."""
+    group = f"{request.request_id}/choices/{first}"
     seed = request.sampling.seed
     out = []
-    for i in range(n):
-        sampling = request.sampling if seed is None else replace(request.sampling, seed=(seed + i) & SEED_MASK)
+    for j in range(n):
+        sampling = request.sampling if seed is None else replace(request.sampling, seed=(seed + j) & SEED_MASK)
         out.append(
             replace(
                 request,
-                request_id=f"{request.request_id}/{i}",
+                request_id=f"{request.request_id}/{first + j}",
                 sampling=sampling,
-                session_id=request.session_id if i == 0 else None,
+                session_id=request.session_id if j == 0 else None,
                 prompt_group=group,
             )
         )
@@ -58,14 +65,30 @@ def choice_requests(request: GenerationRequest, n: int) -> list[GenerationReques
 
 
 class ChoiceEvents:
-    """The events of `n` generations as (choice, event) in arrival order; a choice's end is
-    (choice, None), and an error it raised is (choice, error)."""
+    """The events of several generations as (choice, event) in arrival order; a choice's end is
+    (choice, None), and an error it raised is (choice, error). Choices come in groups, numbered in
+    order; a group's generations start once its gate (an admission slot) is entered, and the gate
+    is left when all of them have ended."""
 
-    def __init__(self, streams: Sequence[AsyncIterator[TextDelta]]) -> None:
+    def __init__(self, groups: Sequence[Group]) -> None:
         self._queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._tasks = [asyncio.ensure_future(self._pump(i, s)) for i, s in enumerate(streams)]
-        self._streams = streams
+        self._streams = [s for _, streams in groups for s in streams]
+        self._tasks: list[asyncio.Future[None]] = []
+        first = 0
+        for gate, streams in groups:
+            self._tasks.append(asyncio.ensure_future(self._group(gate, first, streams)))
+            first += len(streams)
         self._backlog: deque[Item] = deque()
+
+    async def _group(
+        self, gate: AbstractAsyncContextManager[None], first: int, streams: Sequence[AsyncIterator[TextDelta]]
+    ) -> None:
+        try:
+            async with gate:
+                await asyncio.gather(*(self._pump(first + i, s) for i, s in enumerate(streams)))
+        except Exception as exc:  # the gate refused (the queue is full): each choice reports it
+            for i in range(len(streams)):
+                self._queue.put_nowait((first + i, exc))
 
     async def _pump(self, index: int, stream: AsyncIterator[TextDelta]) -> None:
         try:
@@ -79,7 +102,7 @@ class ChoiceEvents:
     async def started(self) -> None:
         """Wait until every choice has an event (or has failed: that error is raised here)."""
         seen: set[int] = set()
-        while len(seen) < len(self._tasks):
+        while len(seen) < len(self._streams):
             item = await self._queue.get()
             if isinstance(item[1], BaseException):
                 raise item[1]
@@ -188,10 +211,14 @@ def _usage(
     generated: Sequence[int],
     ending: Callable[[TextDelta | None, GenerationRequest, int], tuple[str, Usage]],
 ) -> Usage:
-    """The prompt once, every choice's completion tokens, the prompt tokens no choice computed."""
-    each = [ending(e, r, g)[1] for e, r, g in zip(last, requests, generated, strict=True)]
+    """Each prompt once, every choice's completion tokens, and per prompt the prompt tokens none
+    of its choices computed."""
+    groups: dict[str | None, list[Usage]] = {}
+    for e, r, g in zip(last, requests, generated, strict=True):
+        groups.setdefault(r.prompt_group, []).append(ending(e, r, g)[1])
+    each = list(groups.values())
     return Usage(
-        each[0].prompt_tokens,
-        sum(u.completion_tokens for u in each),
-        min(u.cached_tokens for u in each),
+        sum(g[0].prompt_tokens for g in each),
+        sum(u.completion_tokens for g in each for u in g),
+        sum(min(u.cached_tokens for u in g) for g in each),
     )

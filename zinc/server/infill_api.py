@@ -3,19 +3,13 @@
 Owns: `parse_infill` (`input_prefix` and `input_suffix`, strings, required; `input_extra`, a list
 of {`filename`, `text`}; `prompt`, text that continues the prefix; `n_predict` (or `max_tokens`;
 -1: the default) and the usual sampling fields, `stop`, `stream`), `infill_prompt` (the token
-layout llama.cpp's server builds, repo-level FIM: `[fim_rep]myproject\\n`, each extra chunk as
-`[fim_sep]filename\\n` + its text (`\\n\\n--- snippet ---\\n\\n` before it when the model has no
-`fim_sep`), `[fim_sep]filename\\n`, then `[BOS][fim_pre]prefix prompt[fim_suf]suffix[fim_mid]`;
-the prefix keeps its last tokens and the suffix its first ones, in llama.cpp's 3:1 split of a
-window of half the context, and the extra context fills what is left of the context but twice
-`n_predict`, its newest tokens kept) and `InfillApi`, the handler: the answer is llama.cpp's
+layout llama.cpp's server builds, zinc.server.fim) and `InfillApi`, the handler: the answer is llama.cpp's
 completion object (`content`, `stop`, `stop_type` "eos"/"limit"/"word", `stopping_word`,
 `tokens_predicted`, `tokens_evaluated`, `tokens_cached`, `prompt`, `timings`, ...), streamed as
 `data:` chunks of `content` with a last one that has `stop: true` and the totals (no `[DONE]`, as
-llama.cpp's own /infill). A model without the FIM prefix, suffix and middle tokens
-(`tokenizer.ggml.fim_pre_token_id`, ... or the older `prefix/suffix/middle_token_id`) gets a 400.
-Imports: zinc.engine.types, zinc.errors, zinc.server (api, error_table, exchange, openai_request,
-openai_response), orjson, the stdlib.
+llama.cpp's own /infill).
+Imports: zinc.engine.types, zinc.errors, zinc.server (api, error_table, exchange, fim,
+openai_request, openai_response), orjson, the stdlib.
 """
 
 from __future__ import annotations
@@ -33,26 +27,16 @@ from zinc.errors import InvalidRequestError, ZincError
 from zinc.server.api import OpenAIApi, ending
 from zinc.server.error_table import describe
 from zinc.server.exchange import Exchange, HttpRequest
+from zinc.server.fim import ExtraChunk, FimText, engine_fim_prompt, fim_prompt
 from zinc.server.openai_request import CommonParams, decode_json, parse_common
 from zinc.server.openai_response import SSE_HEADERS, sse_event
 
 log = logging.getLogger("zinc.server")
 Json = dict[str, Any]
-FIM_WINDOW = 2048  # llama.cpp's batch size, the prefix + suffix window's largest size
-FIM_NEEDED = ("fim_pre", "fim_suf", "fim_mid")
-REPO_NAME = "myproject\n"  # what llama.cpp names the repository (it takes no name from the request)
-FILE_NAME = "filename\n"  # and the file being edited
-SNIPPET_SEPARATOR = "\n\n--- snippet ---\n\n"  # between extra chunks when the model has no fim_sep
 SAMPLING_FIELDS = (
     "temperature", "top_k", "top_p", "min_p", "seed", "repeat_penalty", "presence_penalty",
     "frequency_penalty", "logit_bias", "stop", "stream", "model",
 )  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ExtraChunk:
-    filename: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -116,34 +100,9 @@ def infill_prompt(
     bos: int | None,
     context: int,
 ) -> list[int]:
-    """The FIM prompt's token ids, as llama.cpp's server lays them out (module docstring).
-
-    `tokenize` splits text without special tokens (none added, none parsed); `bos` is prepended
-    to the FIM part when the model adds one."""
-    missing = [name for name in FIM_NEEDED if name not in special]
-    if missing:
-        raise InvalidRequestError(
-            f"This model cannot infill: its GGUF declares no {', '.join(missing)} token "
-            f"(tokenizer.ggml.{missing[0]}_token_id).",
-            param="input_prefix",
-        )
-    rep, sep = special.get("fim_rep"), special.get("fim_sep")
-    extra: list[int] = []
-    if rep is not None:
-        extra += [rep, *tokenize(REPO_NAME)]
-    for chunk in params.extra:
-        extra += [sep, *tokenize(chunk.filename + "\n")] if sep is not None else tokenize(SNIPPET_SEPARATOR)
-        extra += tokenize(chunk.text)
-    if sep is not None:
-        extra += [sep, *tokenize(FILE_NAME)]
-    prompt = tokenize(params.prompt) if params.prompt else []
-    window = min(FIM_WINDOW, context // 2)
-    prefix = tokenize(params.prefix)
-    prefix = prefix[len(prefix) - min(len(prefix), 3 * (window // 4)) :]  # the end nearest the gap
-    suffix = tokenize(params.suffix)[: max(0, window // 4 - (2 + len(prompt)))]
-    n_extra = min(max(0, context - window - 2 * params.common.max_tokens), len(extra))
-    head = extra[len(extra) - n_extra :] + ([bos] if bos is not None else [])
-    return [*head, special["fim_pre"], *prefix, *prompt, special["fim_suf"], *suffix, special["fim_mid"]]
+    """The FIM prompt's token ids for an /infill request (zinc.server.fim)."""
+    text = FimText(params.prefix, params.suffix, params.prompt, params.extra)
+    return fim_prompt(text, params.common.max_tokens, special, tokenize, bos, context, "input_prefix")
 
 
 class InfillApi:
@@ -156,14 +115,8 @@ class InfillApi:
         params = parse_infill(decode_json(await exchange.body()))
         model = await self._api.select_model(params.common.model)
         engine = self._api.engine
-        special = engine.special_tokens()
-        head = engine.tokenize("", add_special=True)
-        bos = special.get("bos") if head[:1] == [special.get("bos")] else None
-
-        def tokenize(text: str) -> list[int]:
-            return engine.tokenize(text, add_special=False, parse_special=False)
-
-        ids = infill_prompt(params, special, tokenize, bos, engine.context_length)
+        text = FimText(params.prefix, params.suffix, params.prompt, params.extra)
+        ids = engine_fim_prompt(engine, text, params.common.max_tokens, "input_prefix")
         run = _Run(model, engine.detokenize(ids), len(ids), params.common)
         request_id = f"infill-{id(run):x}"
         async with self._api.generation(request_id, params.common, ids, "input_prefix", None) as (

@@ -6,7 +6,9 @@ Owns: decoding a JSON body, checking each field's type (a wrong one is a 400
 0..1, presence/frequency penalties -2..2, logit_bias -100..100); values with no meaning (a
 non-positive repeat penalty, `n` outside 1..128 (OpenAI's bound; the server also refuses more
 than `--parallel`), more than 4 stop sequences, `echo` with `logprobs`) are refused. A negative
-seed (llama.cpp's -1) means no fixed seed. Tools, `response_format` and logprobs are parsed by
+seed (llama.cpp's -1) means no fixed seed. `prompt` is a string, token ids, or an array of either
+(a batch: each prompt gets its `n` choices); a `suffix` makes a text prompt fill in the middle.
+Tools, `response_format` and logprobs are parsed by
 zinc.server.openai_features.
 Imports: zinc.engine.types, zinc.errors, zinc.server.openai_features, orjson, the stdlib.
 """
@@ -33,10 +35,12 @@ from zinc.server.openai_features import (
 
 DEFAULT_MAX_TOKENS = 256
 MAX_CHOICES = 128  # `n` at most (OpenAI's own bound); the server also caps it at --parallel
+MAX_PROMPTS = 2048  # prompts in one /v1/completions batch at most (OpenAI's bound)
 MAX_STOP_SEQUENCES = 4
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "add_generation_prompt"})
 Json = dict[str, Any]
+Prompt = str | tuple[int, ...]  # text to tokenize, or token ids as given
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,9 @@ class ChatParams:
 @dataclass(frozen=True)
 class CompletionParams:
     common: CommonParams
-    prompt: str | tuple[int, ...]  # text to tokenize, or token ids as given
-    echo: bool = False  # each choice's text starts with the prompt
+    prompts: tuple[Prompt, ...]  # one, or a batch; each gets `common.n` choices
+    echo: bool = False  # each choice's text starts with its prompt
+    suffix: str = ""  # text after the completion: the prompt becomes a fill-in-the-middle one
 
 
 def decode_json(body: bytes) -> Json:
@@ -126,9 +131,9 @@ def parse_completion(payload: Json) -> CompletionParams:
             "every prompt position, and zinc's prefill computes only the last one's.",
             param="echo",
         )
-    _refuse_if(payload, "suffix", lambda v: v is not None and v != "")
+    suffix = _typed(payload, "suffix", str, "")
     _refuse_if(payload, "best_of", lambda v: v is not None and v != common.n)
-    return CompletionParams(common, _parse_prompt(payload.get("prompt")), echo)
+    return CompletionParams(common, _parse_prompts(payload.get("prompt")), echo, suffix)
 
 
 def parse_common(payload: Json) -> CommonParams:
@@ -256,20 +261,29 @@ def _parse_content(where: str, content: Any) -> str:
     return "\n".join(texts)
 
 
-def _parse_prompt(prompt: Any) -> str | tuple[int, ...]:
+def _parse_prompts(prompt: Any) -> tuple[Prompt, ...]:
+    """OpenAI's four forms: a string, token ids, an array of strings, an array of token-id arrays."""
     if prompt is None:
         raise InvalidRequestError("Field 'prompt' is required.", param="prompt")
     if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]
-        if isinstance(prompt, str):
-            return prompt
-    if isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
-        return tuple(prompt)
+        return (prompt,)
+    if _token_ids(prompt):
+        return (tuple(prompt),)
+    if isinstance(prompt, list) and prompt:
+        if len(prompt) > MAX_PROMPTS:
+            raise InvalidRequestError(f"'prompt' holds at most {MAX_PROMPTS} prompts.", param="prompt")
+        if all(isinstance(p, str) for p in prompt):
+            return tuple(prompt)
+        if all(_token_ids(p) for p in prompt):
+            return tuple(tuple(p) for p in prompt)
     raise InvalidRequestError(
-        "'prompt' must be a string, an array with one string, or an array of token ids.", param="prompt"
+        "'prompt' must be a string, an array of token ids, or an array of strings or of token-id arrays.",
+        param="prompt",
     )
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_int(t) and t >= 0 for t in value)
 
 
 def _typed(payload: Json, name: str, kind: type, default: Any) -> Any:

@@ -205,20 +205,23 @@ class TextShape(_Shape):
     whole_object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, model: str, echo: str = "") -> None:
+    def __init__(self, model: str, echoes: Sequence[str] = ()) -> None:
         super().__init__(model)
-        self.echo = echo  # the prompt's text, put before each choice's text (`echo`)
+        self.echoes = echoes  # by choice: its prompt's text, put before its text (`echo`)
         self._offsets: dict[int, int] = {}  # choice -> characters of its text before its next token
 
+    def echo(self, index: int) -> str:
+        return self.echoes[index] if index < len(self.echoes) else ""
+
     def first_chunk(self, index: int = 0) -> Json | None:
-        if not self.echo:
+        if not self.echo(index):
             return None
-        echoed = {"index": index, "text": self.echo, "logprobs": None, "finish_reason": None}
+        echoed = {"index": index, "text": self.echo(index), "logprobs": None, "finish_reason": None}
         return {**self._head(self.chunk_object), "choices": [echoed]}
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob], index: int) -> Json:
         offsets = []
-        offset = self._offsets.get(index, len(self.echo))
+        offset = self._offsets.get(index, len(self.echo(index)))
         for t in logprobs:
             offsets.append(offset)
             offset += len(t.token)
@@ -234,7 +237,7 @@ class TextShape(_Shape):
         self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool, index: int
     ) -> Json:
         logprobs = self._logprobs(output.logprobs, index) if with_logprobs else None
-        text = self.echo + output.content
+        text = self.echo(index) + output.content
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
     def _delta(self, output: Output | None, finish_reason: str | None, with_logprobs: bool, index: int) -> Json:
