@@ -201,6 +201,7 @@ SMALL = st.one_of(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20), st
 _TOKEN = st.one_of(st.integers(0, 49151), st.integers(0, 49151), st.integers(0, 49151),
                    st.integers(-3, 200_000), st.sampled_from([0, 1, 2, 49151, 49152, 2**31]))  # fmt: skip
 TOKEN_IDS = st.lists(_TOKEN, min_size=1, max_size=8)
+PROMPT_BATCH = st.lists(TEXT_OK, min_size=1, max_size=3) | st.lists(TOKEN_IDS, min_size=1, max_size=3)
 NAME = st.from_regex(r"[a-z_]{1,12}", fullmatch=True) | TEXT_OK
 SCHEMA = st.sampled_from([
     {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
@@ -275,12 +276,14 @@ def plausible_body(draw: st.DrawFn, path: str) -> dict[str, Any]:
         body: dict[str, Any] = {"messages": draw(st.lists(ANTHROPIC_MESSAGE, min_size=1, max_size=3))}
         optional = ANTHROPIC_PLAUSIBLE
     elif path == "/v1/completions":
-        body = {"prompt": draw(TEXT_OK | TOKEN_IDS | st.lists(TEXT_OK, min_size=1, max_size=2))}
+        body = {"prompt": draw(TEXT_OK | TOKEN_IDS | PROMPT_BATCH)}
         optional = {
             k: v
             for k, v in OPENAI_PLAUSIBLE.items()
             if k not in ("tools", "tool_choice", "parallel_tool_calls")
         }
+        if draw(st.booleans()):
+            optional["suffix"] = TEXT_OK
     else:
         body = {"messages": draw(st.lists(CHAT_MESSAGE, min_size=1, max_size=4))}
         optional = OPENAI_PLAUSIBLE
