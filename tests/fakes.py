@@ -25,6 +25,7 @@ from zinc.engine.types import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    PromptLogprobs,
     TextDelta,
     TokenLogprob,
     TopLogprob,
@@ -84,6 +85,7 @@ class FakeEngine:
         self.fail_with = fail_with
         self.queue_full = queue_full
         self.requests: list[GenerationRequest] = []
+        self.scored: list[list[int]] = []  # prompts `prompt_logprobs` scored
         self.template_calls: list[tuple[list[dict[str, Any]], dict[str, Any]]] = []
         self.aborts: list[str] = []
         self.sessions: dict[str, list[int]] = {}  # session id -> the prompt it last sent
@@ -125,6 +127,18 @@ class FakeEngine:
         self.template_calls.append(([dict(m) for m in messages], dict(kwargs)))
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         return text + ("<|assistant|>" if add_generation_prompt else "")
+
+    async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int) -> PromptLogprobs:
+        """Token k of the prompt (k >= 1) gets logprob -k/100; BOS's text is "<s>"."""
+        self.scored.append(list(prompt_ids))
+        out = []
+        for k, token in enumerate(prompt_ids[1:], 1):
+            piece = self.detokenize([token])
+            alternatives = [TopLogprob(piece, piece.encode(), -k / 100)]
+            alternatives += [TopLogprob(f"alt{j}", f"alt{j}".encode(), -k / 100 - j) for j in range(1, top)]
+            out.append(TokenLogprob(piece, piece.encode(), -k / 100, tuple(alternatives[:top])))
+        first = "<s>" if prompt_ids[0] == BOS else self.detokenize(prompt_ids[:1])
+        return PromptLogprobs(first, out)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         if self.queue_full:

@@ -138,9 +138,6 @@ def test_echo_puts_the_prompt_before_the_text_whole_and_streamed(srv: RunningSer
     assert "".join(c.choices[0].text for c in chunks) == "Once upon" + expected_text(3)
     ids = client(srv).completions.create(model="fake-model", prompt=[BOS, 104, 105], max_tokens=1, echo=True, n=2)
     assert [c.text for c in ids.choices] == ["hi" + expected_text(1)] * 2
-    with pytest.raises(openai.BadRequestError) as info:
-        client(srv).completions.create(model="fake-model", prompt="x", max_tokens=1, echo=True, logprobs=1)
-    assert "logprobs" in str(info.value)
 
 
 def test_completions_suffix_fills_in_the_middle_and_needs_fim_tokens_and_text(srv: RunningServer) -> None:
@@ -158,6 +155,30 @@ def test_completions_suffix_fills_in_the_middle_and_needs_fim_tokens_and_text(sr
     assert "text prompt" in str(info.value)
     plain = client(srv).completions.create(model="fake-model", prompt="ab", suffix="", max_tokens=1)
     assert list(srv.engine.requests[-1].prompt_ids) == [BOS, *b"ab"] and plain.choices[0].text
+
+
+def test_echo_with_logprobs_scores_the_prompt_and_max_tokens_0_generates_nothing(srv: RunningServer) -> None:
+    ask: Any = {"model": "fake-model", "prompt": "abc", "echo": True, "logprobs": 2}
+    whole = client(srv).completions.create(**ask, max_tokens=2).choices[0]
+    assert whole.text == "abc" + expected_text(2) and whole.logprobs is not None
+    lp = whole.logprobs
+    assert lp.tokens is not None and lp.tokens[:4] == ["<s>", "a", "b", "c"] and len(lp.tokens) == 6
+    assert lp.token_logprobs is not None and lp.token_logprobs[:4] == [None, -0.01, -0.02, -0.03]
+    assert lp.top_logprobs is not None and lp.top_logprobs[0] is None and lp.top_logprobs[1] == {"a": -0.01, "alt1": -1.01}
+    assert lp.text_offset == [0, 0, 1, 2, 3, 3 + len(expected_text(1))]  # BOS takes no characters
+    assert srv.engine.scored == [[BOS, *b"abc"]]
+    srv.engine.requests.clear()
+    alone = client(srv).completions.create(**{**ask, "prompt": [[BOS, *b"abc"], [BOS, 120]]}, max_tokens=0, n=2)
+    assert [c.text for c in alone.choices] == ["abc", "abc", "x", "x"] and srv.engine.requests == []
+    assert all(c.finish_reason == "length" for c in alone.choices)
+    assert [c.logprobs.token_logprobs for c in alone.choices] == [[None, -0.01, -0.02, -0.03]] * 2 + [[None, -0.01]] * 2  # type: ignore[union-attr]
+    assert alone.usage is not None and (alone.usage.prompt_tokens, alone.usage.completion_tokens) == (6, 0)
+    chunks = list(client(srv).completions.create(**ask, max_tokens=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].text == "abc" and chunks[0].choices[0].logprobs.tokens == ["<s>", "a", "b", "c"]  # type: ignore[union-attr]
+    assert chunks[1].choices[0].finish_reason == "length" and chunks[-1].usage is not None
+    with pytest.raises(openai.BadRequestError) as info:
+        client(srv).completions.create(model="fake-model", prompt="abc", max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
 
 
 def test_infill_answers_in_llama_cpps_shape(srv: RunningServer) -> None:

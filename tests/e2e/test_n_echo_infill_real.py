@@ -2,7 +2,8 @@
 `openai` SDK (issue 39): the choices are decoded together and the prompt is prefilled once for
 all of them (the others prefill only its last page's tokens); greedy choices are identical and
 equal to n = 1's; with a `seed`, choice i samples exactly as a lone request with seed + i does,
-so the choices are reproducible and differ; a batch of prompts answers each as it would alone.
+so the choices are reproducible and differ; a batch of prompts answers each as it would alone;
+`echo` with `logprobs` scores a greedy completion with the logprobs it was generated with.
 SmolLM2 has no FIM tokens: /infill is a 400."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import openai
 import pytest
 
@@ -135,6 +137,28 @@ def test_a_batch_of_prompts_answers_each_as_it_would_alone(srv: RunningServer, e
     assert texts(batch.choices) == [t for pair in alone for t in pair]
     assert batch.usage is not None
     assert batch.usage.prompt_tokens == sum(len(engine.tokenize(p)) for p in prompts)
+
+
+def test_echo_logprobs_score_a_greedy_completion_as_it_was_generated(srv: RunningServer, engine: LocalEngine) -> None:
+    c = client(srv)
+    ids = engine.tokenize("The capital of France is")
+    made = c.completions.create(model="smollm2", prompt=ids, max_tokens=8, logprobs=2).choices[0].logprobs
+    assert made is not None and made.tokens is not None and made.token_logprobs is not None
+    generated = [engine.tokenize(t, add_special=False, parse_special=True) for t in made.tokens]
+    assert all(len(g) == 1 for g in generated)  # each token's text is one token again
+    scored = c.completions.create(
+        model="smollm2", prompt=ids + [g[0] for g in generated], max_tokens=0, echo=True, logprobs=2
+    ).choices[0]
+    lp = scored.logprobs
+    assert lp is not None and lp.token_logprobs is not None and lp.top_logprobs is not None
+    assert scored.text.startswith("The capital of France is") and len(lp.token_logprobs) == len(ids) + 8
+    assert lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    # the generated tokens, scored after the prompt: the logprobs they were generated with, up to
+    # the paths' rounding (their K/V now written by prefill, not decode; the first token's logits
+    # now a decode row's, not prefill's): 0.1 here, where a token scored one place off is nats away
+    assert np.allclose(lp.token_logprobs[len(ids):], made.token_logprobs, atol=0.2)
+    for top, token in zip(lp.top_logprobs[len(ids):], made.tokens, strict=True):
+        assert top is not None and max(top, key=lambda k: top[k]) == token  # greedy: the top choice
 
 
 def test_infill_on_a_model_without_fim_tokens_is_a_400(srv: RunningServer) -> None:

@@ -127,14 +127,20 @@ def test_n_parses_and_bad_values_are_400() -> None:
         assert info.value.param == "n"
 
 
-def test_echo_parses_and_is_refused_with_logprobs() -> None:
+def test_echo_parses_takes_logprobs_and_max_tokens_0_only_with_echo() -> None:
     assert parse_completion({"prompt": "x", "echo": True}).echo
     assert not parse_completion({"prompt": "x"}).echo
-    with pytest.raises(InvalidRequestError) as info:
-        parse_completion({"prompt": "x", "echo": True, "logprobs": 2})
-    assert info.value.param == "echo" and "prompt's logprobs" in info.value.message
-    with pytest.raises(InvalidRequestError):
-        parse_completion({"prompt": "x", "echo": "yes"})
+    both = parse_completion({"prompt": "x", "echo": True, "logprobs": 2, "max_tokens": 0})
+    assert (both.echo, both.common.logprobs, both.common.max_tokens) == (True, 2, 0)
+    for bad, param in (
+        ({"prompt": "x", "echo": "yes"}, "echo"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "echo": True, "max_completion_tokens": 0}, "max_completion_tokens"),
+        ({"prompt": "x", "echo": True, "logprobs": 1, "suffix": "y"}, "suffix"),
+    ):
+        with pytest.raises(InvalidRequestError) as info:
+            parse_completion(bad)
+        assert info.value.param == param
 
 
 def test_prompt_takes_openais_four_forms_and_refuses_the_rest() -> None:

@@ -34,8 +34,9 @@ back first, then plans again. A cancelled sequence stops and frees its pages at 
 boundary. A model error ends the sequences of that step with an "error" event; the loop keeps
 serving. `call` runs another device call on the loop (an embedding): between steps, after those
 in flight are read back, ahead of the next iteration's prefills (it stops a chain as a waiting
-request does); its future holds the result or the error.
-Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
+request does); its future holds the result or the error. `score` is such a call: a prompt's
+logprobs (zinc.engine.scoring) over scratch pages taken from the pool and given back after.
+Imports: zinc.engine (kv_pages, scoring, sequences, generate), zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TypeVar
 
 from zinc.engine.generate import Sampled
 from zinc.engine.kv_pages import PagePool, Slots
+from zinc.engine.scoring import score_prompt
 from zinc.engine.sequences import (
     BatchStep,
     FinishEvent,
@@ -211,6 +214,36 @@ class Scheduler:
             self._calls.append((fn, future))
             self._cond.notify_all()
         return future
+
+    def score(self, ids: Sequence[int], top: int) -> concurrent.futures.Future[list[Sampled]]:
+        """Each of ids[1:] with its logprob and the `top` alternatives (zinc.engine.scoring), as
+        a `call` over pages of its own, freed after; `QueueFullError` when none are free."""
+        n = len(ids)
+        if n >= self.model.context_length:
+            raise ContextLengthExceededError(n, self.model.context_length)
+        return self.call(partial(self._score, list(ids), top))
+
+    def _score(self, ids: list[int], top: int) -> list[Sampled]:
+        with self._cond:
+            pages = self._scratch_pages(len(ids))
+        try:
+            return score_prompt(self.model, ids, self.pool.slots(pages, len(ids)), top)
+        finally:
+            with self._cond:
+                self.pool.release(pages)
+
+    def _scratch_pages(self, positions: int) -> list[int]:
+        """Pages for `positions` positions (dropping sessions' pages if need be; the lock is held)."""
+        pages: list[int] = []
+        while len(pages) * self.pool.page_size < positions:
+            page = self.pool.allocate()
+            if page is None and self.pool.drop_oldest_session():
+                continue
+            if page is None:
+                self.pool.release(pages)
+                raise QueueFullError("the KV cache has no room to score this prompt now; retry later")
+            pages.append(page)
+        return pages
 
     def release_session(self, session_id: str) -> bool:
         with self._cond:

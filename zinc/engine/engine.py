@@ -39,6 +39,7 @@ from zinc.engine.types import (
     EngineStats,
     FinishReason,
     GenerationRequest,
+    PromptLogprobs,
     TextDelta,
     TokenLogprob,
     TopLogprob,
@@ -223,6 +224,16 @@ class LocalEngine:
             for i, rows in zip(group, hidden, strict=True):
                 vectors[i] = normalize(pool(rows, pooling), dimensions)
         return Embeddings([vectors[i] for i in range(len(inputs))], sum(len(ids) for ids in inputs))
+
+    async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int) -> PromptLogprobs:
+        ids = list(prompt_ids)
+        if not ids:
+            raise InvalidRequestError("The prompt is empty.", param="prompt")
+        if min(ids) < 0 or max(ids) >= self.session.vocab_size:
+            raise InvalidRequestError(f"token ids must be in [0, {self.session.vocab_size})", param="prompt")
+        scored = await asyncio.wrap_future(self.scheduler.score(ids, top))
+        first = self.tokenizer.piece(ids[0], skip_special=False).decode("utf-8", "replace")
+        return PromptLogprobs(first, [self._logprob(s) for s in scored])
 
     def _logprob(self, sampled: Sampled) -> TokenLogprob:
         def piece(token: int) -> tuple[str, bytes]:

@@ -32,7 +32,7 @@ from zinc.engine.models import (
     NoModelLoadedError,
     RemoveResult,
 )
-from zinc.engine.types import Engine, EngineStats, GenerationRequest, TextDelta
+from zinc.engine.types import Engine, EngineStats, GenerationRequest, PromptLogprobs, TextDelta
 from zinc.errors import InvalidRequestError, ModelNotFoundError, ZincError
 
 log = logging.getLogger("zinc.engine")
@@ -146,6 +146,9 @@ class EngineManager:
         if not isinstance(engine, Embedder):
             raise InvalidRequestError(f"The model '{engine.model_id}' does not serve embeddings.", param="model")
         return await engine.embed(inputs, dimensions)
+
+    async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int) -> PromptLogprobs:
+        return await self._use().prompt_logprobs(prompt_ids, top)
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]:
         scope = self._scope()

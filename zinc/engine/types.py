@@ -70,6 +70,15 @@ class TopLogprob:
 
 
 @dataclass(frozen=True)
+class PromptLogprobs:
+    """A prompt's tokens under the model: the first one's text (nothing predicts it) and each
+    later one's logprob after the tokens before it."""
+
+    first: str
+    rest: Sequence[TokenLogprob]
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     """A generated token's log-probability under the model and the most likely alternatives."""
 
@@ -157,5 +166,10 @@ class Engine(Protocol):
     ) -> str: ...
 
     def generate(self, request: GenerationRequest) -> AsyncIterator[TextDelta]: ...
+
+    async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int) -> PromptLogprobs:
+        """The prompt's tokens as the model predicts them, with the `top` most likely tokens at
+        each (`echo` with `logprobs`)."""
+        ...
 
     def release_session(self, session_id: str) -> bool: ...

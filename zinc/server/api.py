@@ -16,7 +16,9 @@ same way with their own response shapes. A request with
 `n` > 1 choices takes `n` admission slots at once (at most `--parallel`) and is answered by
 zinc.server.choices, as is a /v1/completions batch (an array of prompts), whose prompts take
 their slots in turn (a batch may hold at most `--parallel` + `--max-queue` generations). A
-completion's `suffix` makes each text prompt a fill-in-the-middle prompt (zinc.server.fim). An `X-Session-Id` header stands for the body's `session_id` when that is
+completion's `suffix` makes each text prompt a fill-in-the-middle prompt (zinc.server.fim). With
+`echo` and `logprobs`, each prompt is scored first (the engine's `prompt_logprobs`) and its
+tokens' logprobs lead each of its choices'; `max_tokens` 0 answers with the prompts alone. An `X-Session-Id` header stands for the body's `session_id` when that is
 absent (balancers hash on headers, not bodies). While `draining` (after SIGTERM, zinc.server.app),
 `/health` answers 503 so balancers stop sending requests, which are still served meanwhile.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
@@ -37,7 +39,7 @@ import orjson
 
 from zinc.engine.manager import EngineManager
 from zinc.engine.reasoning import prompt_opens_thinking
-from zinc.engine.types import Engine, GenerationRequest, Grammar, TextDelta, Usage
+from zinc.engine.types import Engine, GenerationRequest, Grammar, PromptLogprobs, TextDelta, Usage
 from zinc.errors import (
     ContextLengthExceededError,
     InvalidRequestError,
@@ -46,7 +48,7 @@ from zinc.errors import (
     ZincError,
 )
 from zinc.server.chat_output import OutputParser
-from zinc.server.choices import ChoiceEvents, choice_requests, respond_choices
+from zinc.server.choices import ChoiceEvents, choice_requests, respond_choices, respond_prompts
 from zinc.server.config import ServerConfig
 from zinc.server.error_table import NotFoundError, describe
 from zinc.server.exchange import Exchange, HttpRequest
@@ -186,7 +188,14 @@ class OpenAIApi:
         echoes: list[str] = []
         for text, ids in zip(params.prompts, prompts, strict=True) if params.echo else ():
             echoes += [text if isinstance(text, str) else self._engine.detokenize(ids)] * params.common.n
-        shape = TextShape(model, echoes)
+        scored: list[PromptLogprobs] = []
+        top = params.common.logprobs
+        for ids in prompts if params.echo and top is not None else ():
+            scored += [await self._engine.prompt_logprobs(ids, top or 0)] * params.common.n
+        shape = TextShape(model, echoes, scored)
+        if params.common.max_tokens == 0:  # `echo` alone: nothing to generate
+            await respond_prompts(exchange, shape, params.common, prompts)
+            return
         if len(prompts) > 1:
             await self._choices(exchange, shape, params.common, prompts, "prompt", OutputParser(), params.common.grammar)
             return

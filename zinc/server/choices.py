@@ -11,7 +11,8 @@ generation's iterator is closed on exit, which aborts what still runs), and `res
 response: every choice's first event is awaited before the head (errors before it are plain JSON
 errors), each choice's text goes through its own `OutputParser`, streamed chunks carry their
 choice's `index`, and usage counts each prompt once and the completion tokens of every choice
-(`cached_tokens`: per prompt, the prompt tokens none of its choices computed).
+(`cached_tokens`: per prompt, the prompt tokens none of its choices computed); `respond_prompts`,
+the answer to `echo` with `max_tokens` 0: each choice is its prompt (and its logprobs) alone.
 Imports: zinc.engine.types, zinc.errors, zinc.server (chat_output, exchange, openai_request,
 openai_response, error_table), orjson, the stdlib.
 """
@@ -203,6 +204,30 @@ async def _emit(
     whole.reasoning += output.reasoning
     whole.tool_calls.extend(output.tool_calls)
     whole.logprobs.extend(output.logprobs)
+
+
+async def respond_prompts(
+    exchange: Exchange, shape: TextShape, common: CommonParams, prompts: Sequence[Sequence[int]]
+) -> None:
+    """Each prompt's `n` choices as the echoed prompt and nothing generated (finish "length")."""
+    n = len(prompts) * common.n
+    usage = Usage(sum(len(p) for p in prompts), 0)
+    exchange.note_usage(usage.prompt_tokens, 0)
+    with_logprobs = common.logprobs is not None
+    if not common.stream:
+        body = shape.whole_choices([Choice(Output(), "length") for _ in range(n)], usage, with_logprobs=with_logprobs)
+        await exchange.respond_json(200, orjson.dumps(body))
+        return
+    await exchange.start_stream(200, SSE_HEADERS)
+    for i in range(n):
+        first = shape.first_chunk(i)
+        if first is not None:
+            await exchange.send(sse_event(first))
+        await exchange.send(sse_event(shape.final_chunk("length", i)))
+    if common.include_usage:
+        await exchange.send(sse_event(shape.usage_chunk(usage)))
+    await exchange.send(SSE_DONE)
+    await exchange.end()
 
 
 def _usage(

@@ -5,7 +5,8 @@ Owns: decoding a JSON body, checking each field's type (a wrong one is a 400
 /v1/completions. Sampling ranges are clamped, not refused (temperature 0..2, top_p and min_p
 0..1, presence/frequency penalties -2..2, logit_bias -100..100); values with no meaning (a
 non-positive repeat penalty, `n` outside 1..128 (OpenAI's bound; the server also refuses more
-than `--parallel`), more than 4 stop sequences, `echo` with `logprobs`) are refused. A negative
+than `--parallel`), more than 4 stop sequences) are refused; `max_tokens` 0 is taken with `echo`
+only (the prompt's logprobs, nothing generated). A negative
 seed (llama.cpp's -1) means no fixed seed. `prompt` is a string, token ids, or an array of either
 (a batch: each prompt gets its `n` choices); a `suffix` makes a text prompt fill in the middle.
 Tools, `response_format` and logprobs are parsed by
@@ -120,18 +121,17 @@ def parse_chat(payload: Json) -> ChatParams:
 
 
 def parse_completion(payload: Json) -> CompletionParams:
-    common = _parse_common(payload)
+    echo = bool(_typed(payload, "echo", bool, False))
+    echo_only = echo and _integer(payload, "max_tokens") == 0  # the prompt (and its logprobs) alone
+    common = _parse_common({**payload, "max_tokens": None} if echo_only else payload)
+    if echo_only:
+        common = replace(common, max_tokens=0)
     if payload.get("logprobs") is False:
         payload = {**payload, "logprobs": None}
     common = replace(common, logprobs=parse_completion_logprobs(payload))
-    echo = bool(_typed(payload, "echo", bool, False))
-    if echo and common.logprobs is not None:
-        raise InvalidRequestError(
-            "'echo' with 'logprobs' is not supported: the prompt's logprobs would need the logits of "
-            "every prompt position, and zinc's prefill computes only the last one's.",
-            param="echo",
-        )
     suffix = _typed(payload, "suffix", str, "")
+    if echo and suffix and common.logprobs is not None:  # the tokens scored would be the FIM prompt's
+        raise InvalidRequestError("'echo' with 'logprobs' takes no 'suffix'.", param="suffix")
     _refuse_if(payload, "best_of", lambda v: v is not None and v != common.n)
     return CompletionParams(common, _parse_prompts(payload.get("prompt")), echo, suffix)
 

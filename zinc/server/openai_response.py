@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from zinc.engine.tool_calls import ToolCall, ToolCallDelta
-from zinc.engine.types import TokenLogprob, TopLogprob, Usage
+from zinc.engine.types import PromptLogprobs, TokenLogprob, TopLogprob, Usage
 
 Json = dict[str, Any]
 
@@ -205,9 +205,12 @@ class TextShape(_Shape):
     whole_object = "text_completion"
     chunk_object = "text_completion"
 
-    def __init__(self, model: str, echoes: Sequence[str] = ()) -> None:
+    def __init__(
+        self, model: str, echoes: Sequence[str] = (), prompt_logprobs: Sequence[PromptLogprobs] = ()
+    ) -> None:
         super().__init__(model)
         self.echoes = echoes  # by choice: its prompt's text, put before its text (`echo`)
+        self.prompt_logprobs = prompt_logprobs  # by choice, with `echo` and `logprobs`: its prompt's
         self._offsets: dict[int, int] = {}  # choice -> characters of its text before its next token
 
     def echo(self, index: int) -> str:
@@ -216,8 +219,27 @@ class TextShape(_Shape):
     def first_chunk(self, index: int = 0) -> Json | None:
         if not self.echo(index):
             return None
-        echoed = {"index": index, "text": self.echo(index), "logprobs": None, "finish_reason": None}
+        logprobs = self._prompt_json(index)
+        echoed = {"index": index, "text": self.echo(index), "logprobs": logprobs, "finish_reason": None}
         return {**self._head(self.chunk_object), "choices": [echoed]}
+
+    def _prompt_json(self, index: int) -> Json | None:
+        """Choice `index`'s prompt tokens in OpenAI's completion `logprobs` (the first token's
+        logprob is null); offsets into the echoed text, where a first token the text does not
+        start with (BOS) takes no characters."""
+        if index >= len(self.prompt_logprobs):
+            return None
+        prompt, text = self.prompt_logprobs[index], self.echo(index)
+        offsets, at = [0], len(prompt.first) if text.startswith(prompt.first) else 0
+        for t in prompt.rest:
+            offsets.append(at)
+            at += len(t.token)
+        return {
+            "tokens": [prompt.first, *(t.token for t in prompt.rest)],
+            "token_logprobs": [None, *(t.logprob for t in prompt.rest)],
+            "top_logprobs": [None, *({a.token: a.logprob for a in t.top_logprobs} for t in prompt.rest)],
+            "text_offset": offsets,
+        }
 
     def _logprobs(self, logprobs: Sequence[TokenLogprob], index: int) -> Json:
         offsets = []
@@ -237,6 +259,9 @@ class TextShape(_Shape):
         self, output: Output, finish_reason: str, calls: Sequence[ToolCall], with_logprobs: bool, index: int
     ) -> Json:
         logprobs = self._logprobs(output.logprobs, index) if with_logprobs else None
+        prompt = self._prompt_json(index)
+        if logprobs is not None and prompt is not None:
+            logprobs = {key: prompt[key] + logprobs[key] for key in prompt}
         text = self.echo(index) + output.content
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
