@@ -1,5 +1,5 @@
-"""Tier 3: prompt logprobs (zinc.engine.scoring: the prompt's K/V stored, then decode steps of up
-to `max_batch` rows, one per position) against the float64 reference's logits at every position,
+"""Tier 3: prompt logprobs (zinc.engine.scoring: the prompt's K/V stored 5 tokens a call, then
+decode steps of up to `max_batch` rows, one per position) against the float64 reference's logits at every position,
 on the CPU and on Vulkan. 15 tokens: several batched steps, and past gemma3's sliding window."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import SessionFactory, device_params, reference_model
 from tests.model.test_fixture_numerics import TOL, TOL_Q8
-from zinc.engine.scoring import score_prompt
+from zinc.engine.scoring import score_calls
 
 PROMPT = [3, 17, 200, 5, 9, 11, 4, 8, 250, 30, 31, 32, 33, 7, 1]
 
@@ -25,7 +25,7 @@ def test_each_prompt_token_is_scored_as_the_reference_predicts_it(
     session = open_session(path, device)
     assert session.max_batch < len(PROMPT) - 1
     slots = np.random.default_rng(1).permutation(np.arange(1, 300, dtype=np.int32))[: len(PROMPT)]
-    scored = score_prompt(session, PROMPT, slots, 4)
+    scored = [s for call in score_calls(session, PROMPT, slots, 4, chunk=5) for s in call()]
     ref = reference_model(path, device)
     logits = ref.forward(PROMPT)
     peak = logits.max(axis=1, keepdims=True)

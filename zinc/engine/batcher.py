@@ -34,9 +34,9 @@ back first, then plans again. A cancelled sequence stops and frees its pages at 
 boundary. A model error ends the sequences of that step with an "error" event; the loop keeps
 serving. `call` runs another device call on the loop (an embedding): between steps, after those
 in flight are read back, ahead of the next iteration's prefills (it stops a chain as a waiting
-request does); its future holds the result or the error. `score` is such a call: a prompt's
-logprobs (zinc.engine.scoring) over scratch pages taken from the pool and given back after.
-Imports: zinc.engine (kv_pages, scoring, sequences, generate), zinc.errors, the stdlib.
+request does); its future holds the result or the error. `take_scratch` and `release_scratch`
+lend pages outside any sequence to such calls (a prompt being scored, zinc.engine.scoring).
+Imports: zinc.engine (kv_pages, sequences, generate), zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
@@ -48,14 +48,12 @@ import operator
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any, TypeVar
 
 from zinc.engine.generate import Sampled
 from zinc.engine.kv_pages import PagePool, Slots
-from zinc.engine.scoring import score_prompt
 from zinc.engine.sequences import (
     BatchStep,
     FinishEvent,
@@ -215,22 +213,28 @@ class Scheduler:
             self._cond.notify_all()
         return future
 
-    def score(self, ids: Sequence[int], top: int) -> concurrent.futures.Future[list[Sampled]]:
-        """Each of ids[1:] with its logprob and the `top` alternatives (zinc.engine.scoring), as
-        a `call` over pages of its own, freed after; `QueueFullError` when none are free."""
-        n = len(ids)
-        if n >= self.model.context_length:
-            raise ContextLengthExceededError(n, self.model.context_length)
-        return self.call(partial(self._score, list(ids), top))
-
-    def _score(self, ids: list[int], top: int) -> list[Sampled]:
+    def take_scratch(self, positions: int) -> tuple[list[int], Slots]:
+        """Pages for `positions` positions outside any sequence (a prompt being scored,
+        zinc.engine.scoring) and their slots; `ContextLengthExceededError` past the context,
+        `QueueFullError` when none are free even after dropping sessions' pages."""
+        if positions >= self.model.context_length:
+            raise ContextLengthExceededError(positions, self.model.context_length)
         with self._cond:
-            pages = self._scratch_pages(len(ids))
-        try:
-            return score_prompt(self.model, ids, self.pool.slots(pages, len(ids)), top)
-        finally:
+            pages = self._scratch_pages(positions)
+        return pages, self.pool.slots(pages, positions)
+
+    def release_scratch(self, pages: list[int]) -> None:
+        """Give `take_scratch`'s pages back once the calls queued before now have run (they
+        may still write them): a call of its own, queued past `max_queue`."""
+
+        def release() -> None:
             with self._cond:
                 self.pool.release(pages)
+
+        with self._cond:
+            if not self._closed:
+                self._calls.append((release, concurrent.futures.Future()))
+                self._cond.notify_all()
 
     def _scratch_pages(self, positions: int) -> list[int]:
         """Pages for `positions` positions (dropping sessions' pages if need be; the lock is held)."""

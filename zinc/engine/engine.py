@@ -33,6 +33,7 @@ from zinc.engine.constraint import GrammarMatcher
 from zinc.engine.embeddings import Embeddings, Vector, normalize, packs, pool
 from zinc.engine.generate import Sampled, TokenPicker
 from zinc.engine.relay import EventChannel, EventRelay
+from zinc.engine.scoring import score_prompt
 from zinc.engine.sequences import FinishEvent, SequenceEvent, SequenceRequest
 from zinc.engine.stops import StopMatcher
 from zinc.engine.types import (
@@ -231,7 +232,7 @@ class LocalEngine:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         if min(ids) < 0 or max(ids) >= self.session.vocab_size:
             raise InvalidRequestError(f"token ids must be in [0, {self.session.vocab_size})", param="prompt")
-        scored = await asyncio.wrap_future(self.scheduler.score(ids, top))
+        scored = await score_prompt(self.scheduler, ids, top)
         first = self.tokenizer.piece(ids[0], skip_special=False).decode("utf-8", "replace")
         return PromptLogprobs(first, [self._logprob(s) for s in scored])
 
