@@ -181,6 +181,24 @@ def test_echo_with_logprobs_scores_the_prompt_and_max_tokens_0_generates_nothing
     assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
 
 
+def test_scoring_takes_an_admission_slot() -> None:
+    one = RunningServer(FakeEngine(token_delay=0.05), parallel=1, max_queued_requests=0)
+    try:
+        running = client(one).completions.create(model="fake-model", prompt="x", max_tokens=100, stream=True)
+        assert next(iter(running)).choices  # admitted: the one slot is taken
+        ask: Any = {"model": "fake-model", "prompt": "abc", "echo": True, "logprobs": 1, "max_tokens": 0}
+        with pytest.raises(openai.RateLimitError):
+            client(one).completions.create(**ask)
+        assert one.engine.scored == []
+        running.close()
+        deadline = time.monotonic() + 10
+        while one.engine.active and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert client(one).completions.create(**ask).choices[0].text == "abc" and one.engine.scored
+    finally:
+        one.stop()
+
+
 def test_infill_answers_in_llama_cpps_shape(srv: RunningServer) -> None:
     srv.engine.specials.update(FIM)
     body = {"input_prefix": "ab", "input_suffix": "cd", "prompt": "e", "n_predict": 4}

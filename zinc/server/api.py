@@ -17,8 +17,9 @@ same way with their own response shapes. A request with
 zinc.server.choices, as is a /v1/completions batch (an array of prompts), whose prompts take
 their slots in turn (a batch may hold at most `--parallel` + `--max-queue` generations). A
 completion's `suffix` makes each text prompt a fill-in-the-middle prompt (zinc.server.fim). With
-`echo` and `logprobs`, each prompt is scored first (the engine's `prompt_logprobs`) and its
-tokens' logprobs lead each of its choices'; `max_tokens` 0 answers with the prompts alone. An `X-Session-Id` header stands for the body's `session_id` when that is
+`echo` and `logprobs`, each prompt is scored first (the engine's `prompt_logprobs`, under an
+admission slot of its own) and its tokens' logprobs lead each of its choices'; `max_tokens` 0
+answers with the prompts alone. An `X-Session-Id` header stands for the body's `session_id` when that is
 absent (balancers hash on headers, not bodies). While `draining` (after SIGTERM, zinc.server.app),
 `/health` answers 503 so balancers stop sending requests, which are still served meanwhile.
 Imports: zinc.engine (types, reasoning), zinc.errors, zinc.server.*, orjson, the stdlib.
@@ -191,7 +192,8 @@ class OpenAIApi:
         scored: list[PromptLogprobs] = []
         top = params.common.logprobs
         for ids in prompts if params.echo and top is not None else ():
-            scored += [await self._engine.prompt_logprobs(ids, top or 0)] * params.common.n
+            async with self._admission.slot():  # its pages are held as a generation's are
+                scored += [await self._engine.prompt_logprobs(ids, top or 0)] * params.common.n
         shape = TextShape(model, echoes, scored)
         if params.common.max_tokens == 0:  # `echo` alone: nothing to generate
             await respond_prompts(exchange, shape, params.common, prompts)
