@@ -232,6 +232,10 @@ class LocalEngine:
             raise InvalidRequestError("The prompt is empty.", param="prompt")
         if min(ids) < 0 or max(ids) >= self.session.vocab_size:
             raise InvalidRequestError(f"token ids must be in [0, {self.session.vocab_size})", param="prompt")
+        if len(ids) >= self.context_length:
+            exc = ContextLengthExceededError(len(ids), self.context_length)
+            exc.param = "prompt"
+            raise exc
         scored = await score_prompt(self.scheduler, ids, top)
         first = self.tokenizer.piece(ids[0], skip_special=False).decode("utf-8", "replace")
         return PromptLogprobs(first, [self._logprob(s) for s in scored])
