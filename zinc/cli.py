@@ -222,7 +222,7 @@ def main_cmd(
     if use_chat:
         ids = loaded.chat.encode(loaded.tokenizer, [{"role": "user", "content": text}])
     else:
-        ids = loaded.tokenizer.encode(text)
+        ids = loaded.tokenizer.encode(text, parse_special=True)  # as llama.cpp's completion tool reads a prompt
     stop = frozenset() if ignore_eos else loaded.tokenizer.eog_ids
     decoder = IncrementalDecoder(loaded.tokenizer)
     for token in generate_ids(loaded.session, ids, n_predict, sampling, stop):

@@ -161,6 +161,18 @@ def test_echo_logprobs_score_a_greedy_completion_as_it_was_generated(srv: Runnin
         assert top is not None and max(top, key=lambda k: top[k]) == token  # greedy: the top choice
 
 
+def test_a_completion_prompt_in_the_chat_format_answers_as_the_chat_endpoint(
+    srv: RunningServer, engine: LocalEngine
+) -> None:
+    messages: Any = [{"role": "user", "content": "Name a primary color."}]
+    text = engine.apply_chat_template(messages)  # its special tokens written out: <|im_start|>, ...
+    raw = client(srv).completions.create(model="smollm2", prompt=text, max_tokens=12)
+    chat = client(srv).chat.completions.create(model="smollm2", messages=messages, max_tokens=12)
+    assert raw.usage is not None and chat.usage is not None
+    assert raw.usage.prompt_tokens == chat.usage.prompt_tokens  # each special token one id, as llama.cpp reads it
+    assert raw.choices[0].text == chat.choices[0].message.content and raw.choices[0].text
+
+
 def test_infill_on_a_model_without_fim_tokens_is_a_400(srv: RunningServer) -> None:
     body = json.dumps({"input_prefix": "def f():", "input_suffix": "\n"}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{srv.port}/infill", body, {"content-type": "application/json"})

@@ -185,7 +185,8 @@ class OpenAIApi:
             texts = fim_texts(params.prompts, params.suffix)
             prompts = [engine_fim_prompt(self._engine, t, params.common.max_tokens, "suffix") for t in texts]
         else:
-            prompts = [self._engine.tokenize(p) if isinstance(p, str) else list(p) for p in params.prompts]
+            # special tokens written in a prompt are those tokens, as llama.cpp's server reads them
+            prompts = [self._engine.tokenize(p, parse_special=True) if isinstance(p, str) else list(p) for p in params.prompts]
         echoes: list[str] = []
         for text, ids in zip(params.prompts, prompts, strict=True) if params.echo else ():
             echoes += [text if isinstance(text, str) else self._engine.detokenize(ids)] * params.common.n
