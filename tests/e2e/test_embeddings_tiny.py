@@ -1,6 +1,6 @@
 """`POST /v1/embeddings` end to end through the `openai` SDK, on the compiled tiny-qwen3-embed
 fixture (a qwen3 GGUF with last-token pooling, as Qwen3-Embedding's) on the CPU: a string, a list
-of strings, token ids and lists of them, float and base64 encodings, `dimensions` (truncated and
+of strings (special tokens written in them read as those tokens), token ids and lists of them, float and base64 encodings, `dimensions` (truncated and
 renormalized) and usage, every vector checked against the numpy reference's hidden states pooled
 and normalized the same way; the 400s (too long, too wide, bad types, a model without pooling) in
 OpenAI's envelope; auth, CORS and /props as on the other endpoints. With the operator's pooling
@@ -94,6 +94,14 @@ def test_string_and_list_of_strings(client: openai.OpenAI, engine: LocalEngine, 
         assert close(d.embedding, expect(engine.tokenize(text)), expect.tol), text
     assert many.usage.prompt_tokens == sum(len(engine.tokenize(t)) for t in texts)
     assert close(many.data[0].embedding, np.asarray(one.data[0].embedding), 1e-6)  # batched = alone
+
+
+def test_a_special_token_written_in_an_input_is_that_token(client: openai.OpenAI, engine: LocalEngine, expect: Any) -> None:
+    text = "hello<|endoftext|>"  # Qwen3-Embedding's inputs end with it
+    ids = [*engine.tokenize("hello"), engine.special_tokens()["eos"]]
+    got = client.embeddings.create(model=MODEL, input=text, encoding_format="float")
+    assert got.usage.prompt_tokens == len(ids)  # one id for the special token, as llama.cpp reads it
+    assert close(got.data[0].embedding, expect(ids), expect.tol)
 
 
 def test_token_ids_base64_and_dimensions(client: openai.OpenAI, expect: Any) -> None:

@@ -135,7 +135,8 @@ class EmbeddingsApi:
                 f"'dimensions' is at most {width} for the model '{model}', not {params.dimensions}.",
                 param="dimensions",
             )
-        ids = [engine.tokenize(item) if isinstance(item, str) else item for item in params.inputs]
+        # special tokens written in an input are those tokens, as llama.cpp's server reads them
+        ids = [engine.tokenize(item, parse_special=True) if isinstance(item, str) else item for item in params.inputs]
         async with self._api.admission.slot():
             result = await engine.embed(ids, params.dimensions)
         body = {
