@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench/ stays first
 from loopback import Server, free_port, llama_server_argv, say, streams, zinc_argv
-from report import replace_section
+from report import publish
 
 from bench import PROMPT_TEXT, cpu_info
 
@@ -129,13 +129,7 @@ def main() -> int:
         data = {**runs[-1], "models": {k: v for r in runs for k, v in r["models"].items()}}
     else:
         data = run(args.models, args.long, args.runs, args.llama_server)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data, indent=1) + "\n")
-    text = section(data)
-    if args.out:
-        replace_section(args.out, text, TITLE)
-    print(text)
+    publish(data, section(data), TITLE, args.json, args.out)
     return 0
 
 

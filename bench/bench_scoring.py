@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # zinc and fixtures/; bench/ stays first
-from report import replace_section
+from report import publish
 
 from bench import PROMPT_TEXT, THREADS, cpu_info, run_worker, say
 
@@ -191,13 +191,7 @@ def main() -> int:
         if args.from_json
         else run(args.models, args.lengths, args.runs)
     )
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(data) + "\n")
-    text = section(data)
-    if args.out:
-        replace_section(args.out, text, TITLE)
-    print(text)
+    publish(data, section(data), TITLE, args.json, args.out)
     return 0
 
 
