@@ -124,6 +124,19 @@ def test_report_names_what_failed_or_was_skipped(tmp_path: Path) -> None:
     assert out.endswith("## Notes\n\nkept\n")
 
 
+def test_kernel_lines_count_each_artifacts_kernels_and_name_the_refused() -> None:
+    kernels = {"device": "NVIDIA H200", "artifacts": {
+        "/tmp/gpu-bench/models/1b.artifact/model.vulkan.vmfb": {"modules": 229, "refused": [], "seconds": 18.49},
+        "/tmp/gpu-bench/models/8b.artifact/model.vulkan.vmfb": {"modules": 358, "seconds": 130.0, "refused": [
+            {"entry": "prefill_dispatch_3_matmul_like_128x2048x2048_f16xf16xf32", "result": -13}]},
+    }}  # fmt: skip
+    text = "\n".join(bench_gpu.kernel_lines(kernels))
+    assert "on NVIDIA H200" in text
+    assert "- 1b.artifact/model.vulkan.vmfb: 229 kernels built in 18 s, 0 refused\n" in text
+    assert "- 8b.artifact/model.vulkan.vmfb: 358 kernels built in 130 s, 1 refused: " in text
+    assert "`prefill_dispatch_3_matmul_like_128x2048x2048_f16xf16xf32` (-13)" in text
+
+
 def test_profile_lines_name_the_top_kernels_or_why_there_are_none() -> None:
     top = [{"function": f"decode_b1_dispatch_{i}_reduction_4096x128", "share": s, "calls": 32, "mean_us": 50.0 * s}
            for i, s in ((3, 0.5), (7, 0.25))]  # fmt: skip
