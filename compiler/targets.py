@@ -119,6 +119,7 @@ VULKAN_TARGETS = (
     "valhall", "valhall1", "valhall2", "valhall3", "valhall4",  # ARM Mali
     "adreno",  # Qualcomm
 )  # fmt: skip
+NVIDIA_TARGETS = frozenset(VULKAN_TARGETS[1:6])
 NVIDIA, AMD, INTEL, ARM, QUALCOMM = 0x10DE, 0x1002, 0x8086, 0x13B5, 0x5143
 
 
@@ -204,7 +205,9 @@ GEMM_ROWS = PREFILL_ROWS  # the rows a Vulkan prefill chunk is padded to for its
 def prefill_gemm(name: str) -> tuple[int, str] | None:
     """The prefill matmuls' form on a Vulkan target (zinc.compiler.gemm): (rows, operand type), or
     None for the fused quantized matmul. Named GPU targets: f16 GEMMs (cooperative matrices where
-    IREE's target has them). GENERIC keeps the fused form: its f16 tensors compute wrong values on
+    IREE's target has them), except NVIDIA's: its driver (580, an H200) refuses to build IREE
+    3.13's cooperative-matrix GEMM pipelines ("NVVM compilation failed", every other kernel
+    builds), so they take the f32 GEMM, which uses none. GENERIC keeps the fused form: its f16 tensors compute wrong values on
     lavapipe, and an f32 GEMM over a chunk padded to 128 rows is mostly padding for the short
     prompts lavapipe runs. `$ZINC_VULKAN_GEMM` (off, f16 or f32) overrides it (the tests run the
     f32 GEMM on lavapipe)."""
@@ -213,7 +216,9 @@ def prefill_gemm(name: str) -> tuple[int, str] | None:
         if forced not in ("off", "f16", "f32"):
             raise ZincError(f"ZINC_VULKAN_GEMM={forced!r}: choose off, f16 or f32")
         return None if forced == "off" else (GEMM_ROWS, forced)
-    return (GEMM_ROWS, "f16") if check_vulkan_target(name) != GENERIC else None
+    if check_vulkan_target(name) == GENERIC:
+        return None
+    return (GEMM_ROWS, "f32" if name in NVIDIA_TARGETS else "f16")
 
 
 def gpu_properties(info: VulkanInfo) -> GpuProperties:

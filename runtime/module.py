@@ -11,6 +11,7 @@ Imports: ctypes (madvise), iree.runtime, numpy, zinc.runtime.device, zinc.runtim
 from __future__ import annotations
 
 import ctypes
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,20 @@ def advise_huge_pages(host: np.ndarray[Any, Any]) -> None:
         pass
 
 
+def load_failure(detail: str, device_uri: str) -> str:
+    """The message for a module the device would not load: a kernel its driver refused to build
+    (Vulkan: the first line of vkCreateComputePipelines' failure) says which target to change."""
+    cause = re.search(r"\.c:\d+: (.*?)(?:; while|$)", detail, re.M)
+    first = cause.group(1) if cause else next((ln.strip() for ln in detail.splitlines() if ln.strip()), "unknown error")
+    if "vkCreateComputePipelines" in detail or "hal.executable.create" in detail:
+        return (
+            f"the {device_uri} device's driver could not build the artifact's kernels ({first[:200]}): "
+            "compile it for another GPU target (zinc compile --target vulkan --vulkan-target NAME) "
+            "or serve it with --device cpu"
+        )
+    return f"cannot load compiled module on {device_uri}: {first[:300]}"
+
+
 class LoadedModule:
     def __init__(
         self,
@@ -93,7 +108,10 @@ class LoadedModule:
             raise ArtifactError(f"cannot load compiled module: {exc}") from exc
         self._index = index  # keeps mmaps and buffers alive
         self._upload: tuple[Any, ...] = UPLOAD_MEMORY  # the kinds of memory `to_device` may still try
-        self.context = rt.SystemContext(vm_modules=[params, vm_module], config=config)
+        try:
+            self.context = rt.SystemContext(vm_modules=[params, vm_module], config=config)
+        except RuntimeError as exc:  # the device refused to build a kernel, or lacks a feature
+            raise ArtifactError(load_failure(str(exc), device_uri)) from exc
         self._module = self.context.modules[vm_module.name]
         self.timeline = Timeline(self.device)
 

@@ -27,19 +27,22 @@ from zinc.compiler.build import artifact_key, ensure_artifact, plan
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.compiler.targets import GEMM_ROWS, GENERIC, compile_mlir, prefill_gemm, vulkan_target_flags
-from zinc.errors import ZincError
+from zinc.errors import ArtifactError, ZincError
 from zinc.model.gguf_file import open_gguf
 from zinc.runtime.device import to_host
-from zinc.runtime.module import LoadedModule
+from zinc.runtime.module import LoadedModule, load_failure
 from zinc.runtime.session import ModelSession
 
 
-def test_the_named_targets_take_f16_gemms_and_the_generic_target_keeps_the_fused_form(
+def test_the_named_targets_take_gemms_and_the_generic_target_keeps_the_fused_form(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("ZINC_VULKAN_GEMM", raising=False)
     assert GEMM_ROWS == PREFILL_ROWS  # a chunk the session sends always fits the padded entry
-    assert prefill_gemm("ampere") == prefill_gemm("rdna3") == (GEMM_ROWS, "f16")
+    assert prefill_gemm("rdna3") == prefill_gemm("valhall") == (GEMM_ROWS, "f16")
+    # NVIDIA's driver fails to build the cooperative-matrix f16 GEMM: its targets take f32
+    for name in ("ampere", "ada", "turing", "volta", "pascal"):
+        assert prefill_gemm(name) == (GEMM_ROWS, "f32"), name
     assert prefill_gemm(GENERIC) is None
     monkeypatch.setenv("ZINC_VULKAN_GEMM", "f32")
     assert prefill_gemm(GENERIC) == (GEMM_ROWS, "f32")
@@ -55,7 +58,7 @@ def test_only_the_prefill_entries_are_padded_and_the_form_is_in_the_cache_key(
 ) -> None:
     monkeypatch.delenv("ZINC_VULKAN_GEMM", raising=False)
     path = tiny_models["tiny-q8-q41"]
-    mlir = plan(path, "vulkan", (1, 4), "ampere").mlir
+    mlir = plan(path, "vulkan", (1, 4), "rdna3").mlir
     entries = dict(re.findall(r"func\.func @(\w+)\((.*?)\n}\n", mlir, re.S))
     for name in ("prefill", "prefill_kv"):
         body = entries[name]
@@ -171,3 +174,22 @@ def test_padded_gemm_chunks_give_the_fused_forms_logits_on_lavapipe(
         scale = float(np.abs(expect).max())
         assert float(np.abs(a - b).max()) / scale < TOL, f"{what}: GEMM and fused forms differ"
         assert float(np.abs(a - expect).max()) / scale < TOL, f"{what}: the GEMM form against the reference"
+
+
+def test_a_kernel_the_device_cannot_build_is_a_clear_error_naming_the_cause() -> None:
+    """An artifact for another GPU (ampere's subgroups of 32; on an NVIDIA driver, a kernel it
+    refuses to compile) fails to load on lavapipe as an ArtifactError, not IREE's RuntimeError."""
+    vmfb = compile_mlir(gemm_module("f16"), "vulkan", vulkan_target_flags("ampere"))
+    with pytest.raises(ArtifactError, match=r"driver could not build the artifact's kernels \(.*subgroup size 32.*--vulkan-target"):
+        LoadedModule(vmfb, "vulkan")
+
+
+def test_the_nvidia_driver_refusal_reads_as_its_cause() -> None:
+    """The failure an H200's driver gave for IREE 3.13's cooperative-matrix GEMM, word for word."""
+    seen = ("Error creating vm context with modules: c/runtime/src/iree/hal/drivers/vulkan/executable.c:1529: "
+            "UNKNOWN; [vkCreateComputePipelines] VK_ERROR_UNKNOWN; pipelines[0]; while invoking native function "
+            "hal.executable.create; while calling import; \n[ 0] bytecode zinc_model@9:4844 -")  # fmt: skip
+    message = load_failure(seen, "vulkan")
+    assert "(UNKNOWN; [vkCreateComputePipelines] VK_ERROR_UNKNOWN; pipelines[0])" in message
+    assert "--vulkan-target NAME" in message and "bytecode" not in message
+    assert load_failure("out of memory", "vulkan") == "cannot load compiled module on vulkan: out of memory"
