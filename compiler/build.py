@@ -50,6 +50,7 @@ from zinc.compiler.targets import (
     detected_vulkan_target,
     index_inputs,
     prefill_gemm,
+    shared_layers,
     target_cpu_flags,
     target_flags,
     vulkan_target_flags,
@@ -196,6 +197,7 @@ def plan(
         index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
         gemm=prefill_gemm(vulkan_target) if kind == "vulkan" else None,
         dp4_subgroup=dp4.subgroup_size(vulkan_target) if kind == "vulkan" else 0,
+        shared_layers=kind == "vulkan" and shared_layers(vulkan_target),
         copies=misaligned(gguf) if kind == "cpu" else frozenset(),  # Vulkan uploads every weight anyway
     )
     pause_point("emit")  # tests/faults: killed while the MLIR is generated

@@ -91,6 +91,7 @@ class ModuleEmitter:
         index_inputs: bool = False,
         copies: frozenset[str] = frozenset(),
         dp4_subgroup: int = 0,
+        shared_layers: bool = False,
     ) -> None:
         self.tiled = tiled  # bind supported matmul weights as repacked planes (the CPU fast path)
         self.dot8 = dot8  # and prefer the integer dot-product layout where it applies (AVX2)
@@ -100,6 +101,8 @@ class ModuleEmitter:
         # decode matmuls (one token, or a decode batch's rows) with integer dot products on a
         # Vulkan GPU target, for subgroups this wide (zinc.compiler.dp4); 0: the linalg matmuls
         self.dp4_subgroup = dp4_subgroup
+        # a layer's number reaches the KV slab's kernels as a push constant (Body.opaque_index)
+        self.shared_layers = shared_layers
         # the KV slab's type (compiler/paged.py): f16 on the CPU, on Vulkan f16 two to an i32 word
         self.kv_dtype = "f16" if tiled else "f16x2"
         # repacked weight -> (GGUF tensors whose rows it stacks, type, n, k, layout), for the .irpa
@@ -173,6 +176,20 @@ class Body:
 
     def emit(self, line: str) -> None:
         self.lines.append("  " + line)
+
+    def opaque_index(self, value: int, hint: str) -> str:
+        """The index `value`, where the module shares layers (`mod.shared_layers`) behind a
+        util.optimization_barrier: IREE cannot fold it into the kernels that take it, so it
+        reaches them as a push constant, and every layer shares one executable (folded, each
+        layer's KV slab reads were their own: 3x the kernels to compile, and for a GPU's driver
+        to build at load). Else the plain constant."""
+        c = self.fresh(f"{hint}_c")
+        self.emit(f"{c} = arith.constant {value} : index")
+        if not self.mod.shared_layers:
+            return c
+        out = self.fresh(hint)
+        self.emit(f"{out} = util.optimization_barrier {c} : index")
+        return out
 
     def call(self, fn: str, args: list[tuple[str, str]], result_type: str, hint: str) -> str:
         out = self.fresh(hint)

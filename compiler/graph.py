@@ -117,6 +117,7 @@ def emit_module(
     gemm: tuple[int, str] | None = None,
     copies: frozenset[str] = frozenset(),
     dp4_subgroup: int = 0,
+    shared_layers: bool = False,
 ) -> ModuleEmitter:
     """The module for `desc`; `tiled` binds the supported matmul weights as repacked planes (CPU),
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
@@ -127,7 +128,8 @@ def emit_module(
     (zinc.compiler.gemm; Vulkan); `copies`: GGUF tensors bound from an aligned copy in the .irpa
     (ModuleEmitter.copies); `dp4_subgroup`: the decode matmuls with integer dot products, for
     subgroups this wide (zinc.compiler.dp4; a Vulkan GPU target), 0: none."""
-    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies, dp4_subgroup=dp4_subgroup)
+    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies, dp4_subgroup=dp4_subgroup,
+                        shared_layers=shared_layers)  # fmt: skip
     mod.entries.append(_Entry(mod, desc, batch=0, gemm=gemm).text("prefill"))
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True, gemm=gemm).text("prefill_kv"))
     for batch in sorted({1, *batch_sizes}):

@@ -158,11 +158,7 @@ def gather_kv(b: Body, hp: HParams, ctx: str, layer: int, part: int) -> str:
     b.mod.helper(name, template("gather_kv.mlir").substitute(
         NAME=name, HKV=str(nkv), HD=str(hd), SLAB=slab, LOAD="\n      ".join([*lines, "linalg.yield %f : f32"])
     ))  # fmt: skip
-    consts = []
-    for value in (layer, part):
-        c = b.fresh("c")
-        b.emit(f"{c} = arith.constant {value} : index")
-        consts.append((c, "index"))
+    consts = [(b.opaque_index(value, hint), "index") for value, hint in ((layer, "layer"), (part, "part"))]
     args = [("%cache", slab), (ctx, "tensor<?xi32>"), *consts]
     return b.call(name, args, f"tensor<?x{nkv}x{hd}xf32>", "kv_old")
 
@@ -204,8 +200,7 @@ def attention_batch(
         b.mod.helper(name, _render_batch_attention(name, hp, b, scale, win))
     new = f"tensor<{b.t}x{heads_kv}x{head_dim}xf32>"
     hhd = b.act(heads * head_dim)
-    c = b.fresh("layer")
-    b.emit(f"{c} = arith.constant {layer} : index")
+    c = b.opaque_index(layer, "layer")
     args = [(q, hhd), ("%cache", slab_type(hp, b.mod.kv_dtype)), ("%ctx", f"tensor<{b.t}x?xi32>"), (c, "index"),
             (kv_new[0], new), (kv_new[1], new), (lens, f"tensor<{b.t}xi32>")]  # fmt: skip
     return b.call(name, args, hhd, "attn")

@@ -199,6 +199,14 @@ def index_inputs(name: str) -> bool:
     return check_vulkan_target(name) != GENERIC
 
 
+def shared_layers(name: str) -> bool:
+    """Whether a Vulkan target's layers share their KV slab kernels, the layer's number a push
+    constant (zinc.compiler.emitter.Body.opaque_index): NVIDIA's and AMD's targets, whose 64-bit
+    integers the dynamic slab offsets need (IREE left a vector of i64 that a target without them
+    cannot lower). Elsewhere (and on the CPU) the layer's number stays a constant."""
+    return check_vulkan_target(name) in NVIDIA_TARGETS or name.startswith(("rdna", "cdna"))
+
+
 GEMM_ROWS = PREFILL_ROWS  # the rows a Vulkan prefill chunk is padded to for its GEMMs: a whole call's
 
 

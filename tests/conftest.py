@@ -113,13 +113,13 @@ def compile_kernel(text: str, target: str, extra_flags: tuple[str, ...] = ()) ->
 
 def lavapipe_subgroup_target(subgroup: int = 8) -> str:
     """A Vulkan device target that declares what lavapipe has (subgroups of `subgroup` lanes with
-    shuffles and arithmetic, 4 x int8 dot products, 8- and 16-bit storage): IREE compiles for it
+    shuffles and arithmetic, 4 x int8 dot products, 64-bit integers, 8- and 16-bit storage): IREE compiles for it
     as for a named GPU target, with its subgroup pipelines, and lavapipe runs the result. Named
     targets assume subgroups of 32 or 64 lanes, so their own code does not run right there."""
     return (
         '#hal.device.target<"vulkan", [#hal.executable.target<"vulkan-spirv", "vulkan-spirv-fb", '
         '{iree_codegen.target_info = #iree_gpu.target<arch = "", features = "spirv:v1.6,cap:Shader", '
-        "wgp = <compute = fp32|fp16|int32|int16|int8, storage = b32|b16|b8, subgroup = shuffle|arithmetic, "
+        "wgp = <compute = fp32|fp16|int64|int32|int16|int8, storage = b32|b16|b8, subgroup = shuffle|arithmetic, "
         f"dot = dp4xi8toi32, mma = [], subgroup_size_choices = [{subgroup}], max_workgroup_sizes = [1024, 1024, 1024], "
         "max_thread_count_per_workgroup = 1024, max_workgroup_memory_bytes = 65536, "
         "max_workgroup_counts = [65535, 65535, 65535]>>}>]> : !hal.device"
