@@ -119,7 +119,7 @@ VULKAN_TARGETS = (
     "valhall", "valhall1", "valhall2", "valhall3", "valhall4",  # ARM Mali
     "adreno",  # Qualcomm
 )  # fmt: skip
-NVIDIA_TARGETS = frozenset(VULKAN_TARGETS[1:6])
+NVIDIA_TARGETS = frozenset(("ampere", "ada", "turing", "volta", "pascal"))
 NVIDIA, AMD, INTEL, ARM, QUALCOMM = 0x10DE, 0x1002, 0x8086, 0x13B5, 0x5143
 
 
@@ -215,10 +215,10 @@ def prefill_gemm(name: str) -> tuple[int, str] | None:
     None for the fused quantized matmul. Named GPU targets: f16 GEMMs (cooperative matrices where
     IREE's target has them), except NVIDIA's: its driver (580, an H200) refuses to build IREE
     3.13's cooperative-matrix GEMM pipelines ("NVVM compilation failed", every other kernel
-    builds), so they take the f32 GEMM, which uses none. GENERIC keeps the fused form: its f16 tensors compute wrong values on
-    lavapipe, and an f32 GEMM over a chunk padded to 128 rows is mostly padding for the short
-    prompts lavapipe runs. `$ZINC_VULKAN_GEMM` (off, f16 or f32) overrides it (the tests run the
-    f32 GEMM on lavapipe)."""
+    builds), so they take the f32 GEMM, which uses none. GENERIC keeps the fused form: its f16
+    tensors compute wrong values on lavapipe, and an f32 GEMM over a chunk padded to 128 rows is
+    mostly padding for the short prompts lavapipe runs. `$ZINC_VULKAN_GEMM` (off, f16 or f32)
+    overrides it (the tests run the f32 GEMM on lavapipe)."""
     forced = os.environ.get("ZINC_VULKAN_GEMM")
     if forced:
         if forced not in ("off", "f16", "f32"):

@@ -4,8 +4,9 @@ Owns: `LoadedModule` — a VM context holding the HAL module, an `io_parameters`
 a `ParameterIndex` over the GGUF file (and any `.irpa` of repacked weights), and the compiled
 module, with the timeline its calls run on; `fn(name)` returns an entry point (zinc.runtime.invoke);
 `to_device` uploads a call's inputs (`UPLOAD_MEMORY`: without waiting for the calls in flight);
-`empty` allocates device arrays (the KV slab), on the CPU over transparent huge pages.
-Imports: ctypes (madvise), iree.runtime, numpy, zinc.runtime.device, zinc.runtime.invoke, zinc.errors.
+`empty` allocates device arrays (the KV slab), on the CPU over transparent huge pages; a module
+the device cannot build is an ArtifactError naming the cause (`load_failure`).
+Imports: ctypes (madvise), re, iree.runtime, numpy, zinc.runtime.device, zinc.runtime.invoke, zinc.errors.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def load_failure(detail: str, device_uri: str) -> str:
     """The message for a module the device would not load: a kernel its driver refused to build
     (Vulkan: the first line of vkCreateComputePipelines' failure) says which target to change."""
     cause = re.search(r"\.c:\d+: (.*?)(?:; while|$)", detail, re.M)
-    first = cause.group(1) if cause else next((ln.strip() for ln in detail.splitlines() if ln.strip()), "unknown error")
+    lines = (ln.strip() for ln in detail.splitlines() if ln.strip())
+    first = cause.group(1) if cause else next(lines, "unknown error")
     if "vkCreateComputePipelines" in detail or "hal.executable.create" in detail:
         return (
             f"the {device_uri} device's driver could not build the artifact's kernels ({first[:200]}): "
