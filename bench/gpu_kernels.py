@@ -9,7 +9,8 @@ SPIR-V's magic number), reflects each one's entry point, storage-buffer bindings
 size from its words, and asks the first Vulkan device to build a compute pipeline for it, with
 every feature the device has enabled. It found that an H200's driver refuses IREE 3.13's
 cooperative-matrix f16 GEMMs and builds every other kernel (zinc.compiler.targets.prefill_gemm).
-Talks to the Vulkan loader (`libvulkan.so.1`) with ctypes: no Vulkan SDK is needed, so it runs
+Talks to the Vulkan loader (`libvulkan.so.1`) with ctypes, as zinc.runtime.vulkan_probe does (its
+instance structures and extension query): no Vulkan SDK is needed, so it runs
 on the GPU machine from the bundle (scripts/gpu-bench), and here on lavapipe.
 """
 
@@ -23,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from zinc.runtime import vulkan_probe
 
 MAGIC = 0x07230203
 P, U32, U64 = ct.c_void_p, ct.c_uint32, ct.c_uint64
@@ -88,10 +91,6 @@ def _struct(name: str, fields: list[tuple[str, Any]]) -> Any:
     return type(name, (ct.Structure,), {"_fields_": fields})
 
 
-AppInfo = _struct("AppInfo", [("sType", U32), ("pNext", P), ("app", ct.c_char_p), ("appv", U32), ("engine", ct.c_char_p),
-                              ("enginev", U32), ("api", U32)])  # fmt: skip
-InstanceInfo = _struct("InstanceInfo", [("sType", U32), ("pNext", P), ("flags", U32), ("app", P), ("nl", U32),
-                                        ("layers", P), ("ne", U32), ("exts", P)])  # fmt: skip
 QueueInfo = _struct("QueueInfo", [("sType", U32), ("pNext", P), ("flags", U32), ("family", U32), ("count", U32),
                                   ("prio", P)])  # fmt: skip
 DeviceInfo = _struct("DeviceInfo", [("sType", U32), ("pNext", P), ("flags", U32), ("nq", U32), ("queues", P),
@@ -113,10 +112,10 @@ class Device:
 
     def __init__(self) -> None:
         vk = self.vk = ct.CDLL("libvulkan.so.1")
-        app = AppInfo(0, None, b"zinc-gpu-kernels", 1, None, 0, (1 << 22) | (3 << 12))
+        app = vulkan_probe._AppInfo(0, None, b"zinc-gpu-kernels", 1, None, 0, (1 << 22) | (3 << 12))
+        info = vulkan_probe._InstanceInfo(1, None, 0, ct.pointer(app), 0, None, 0, None)
         self.instance = P()
-        self._ok(vk.vkCreateInstance(ct.byref(InstanceInfo(1, None, 0, ct.addressof(app), 0, None, 0, None)), None,
-                                     ct.byref(self.instance)), "vkCreateInstance")  # fmt: skip
+        self._ok(vk.vkCreateInstance(ct.byref(info), None, ct.byref(self.instance)), "vkCreateInstance")
         count = U32(1)
         physical = P()
         vk.vkEnumeratePhysicalDevices(self.instance, ct.byref(count), ct.byref(physical))
@@ -125,7 +124,7 @@ class Device:
         props = (ct.c_char * 1024)()
         vk.vkGetPhysicalDeviceProperties(physical, props)
         api, self.name = struct.unpack_from("<I", props)[0], bytes(props[20:276]).split(b"\0")[0].decode()
-        coop = COOP_EXTENSION in self._extensions(physical)
+        coop = COOP_EXTENSION.decode() in vulkan_probe._extensions(vk, physical.value)
         chain = [s for s, need in ((V11, True), (V12, api >= (1 << 22 | 2 << 12)), (V13, api >= (1 << 22 | 3 << 12)),
                                    (COOP, coop)) if need]  # fmt: skip
         self._features = [self._header(FEATURES2)] + [self._header(s) for s in chain]
@@ -148,13 +147,6 @@ class Device:
         buf = (ct.c_char * 512)()  # larger than any of these feature structs
         struct.pack_into("<I", buf, 0, stype)
         return buf
-
-    def _extensions(self, physical: Any) -> set[bytes]:
-        n = U32()
-        self.vk.vkEnumerateDeviceExtensionProperties(physical, None, ct.byref(n), None)
-        props = (ct.c_char * (260 * n.value))()
-        self.vk.vkEnumerateDeviceExtensionProperties(physical, None, ct.byref(n), props)
-        return {bytes(props[260 * i : 260 * i + 256]).split(b"\0")[0] for i in range(n.value)}
 
     @staticmethod
     def _ok(result: int, what: str) -> None:
