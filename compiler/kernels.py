@@ -102,10 +102,10 @@ def matmul_name(q: QuantType, n: int, k: int, dynamic: bool) -> str:
     return f"matmul_{q.name.lower()}_{'t' if dynamic else '1'}_{n}x{k}"
 
 
-def render_matmul(q: QuantType, n: int, k: int, dynamic: bool, index_inputs: bool = False) -> str:
+def render_matmul(q: QuantType, n: int, k: int, dynamic: bool, two_dims: bool = False) -> str:
     """A private func `y[T, n] = x[T, k] @ W[n, k]^T` with W bound raw from the GGUF; with
-    `index_inputs` (named GPU targets: zinc.compiler.targets.index_inputs), a nibble-packed type
-    takes its form of two reduction dims (zinc.compiler.subgroup_matmul)."""
+    `two_dims` (every Vulkan target), a nibble-packed type takes its form of two reduction dims
+    (zinc.compiler.subgroup_matmul); the CPU's fallback keeps the template's."""
     if k % q.block:
         raise UnsupportedModelError(f"{q.name} matrix with {k} columns is not a whole number of blocks")
     subs = {
@@ -121,7 +121,7 @@ def render_matmul(q: QuantType, n: int, k: int, dynamic: bool, index_inputs: boo
         "KSCALE": kquant_scale("%upper"),
         **t_dims(dynamic),
     }
-    if index_inputs and q.name in subgroup_matmul.FORMS:
+    if two_dims and q.name in subgroup_matmul.FORMS:
         return subgroup_matmul.render(q.name, q.block, q.block_bytes, subs["NAME"], n, k, t_dims(dynamic))
     return template(f"matmul_{q.name.lower()}.mlir").substitute(subs)
 

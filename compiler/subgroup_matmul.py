@@ -1,7 +1,7 @@
-"""The linalg quantized matmuls for Vulkan targets with subgroup operations: two reduction dims.
+"""The linalg quantized matmuls of every Vulkan target: two reduction dims.
 
 Owns: `render` and `FORMS`, the forms of the nibble-packed types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-Q5_K, Q6_K) that named GPU targets (ampere, rdna3, ...) compile.
+Q5_K, Q6_K) that every Vulkan target compiles (the CPU's fallback keeps mlir/matmul_*.mlir's).
 
 IREE 3.13 compiles a matvec on those targets with its SubgroupReduce pipeline, and that pipeline
 maps invocations to the wrong elements when a reduction has three dims or more: it drops the
@@ -14,6 +14,9 @@ each packed field read through a slice of its own (the low and high nibbles of a
 step, every sub-block of a K-quant super-block unrolled), so every map stays a projection and
 no value needs a loop index but Q5's bit number, an i32 iota over l. The weights are the GGUF
 blocks as they are; the products are those of the templates in another order.
+The generic target takes these forms too, for speed: a body decodes a block's f16 scales once
+per byte or more (for a K-quant, once for every weight its bytes hold at l), where the
+templates' decode them once per weight.
 Imports: zinc.compiler.bitops.
 """
 

@@ -9,7 +9,8 @@ On the CPU: the integer dot-product kernels (one token, a batch of 8 rows, a pro
 of each quant type real files use (Q4_0, Q8_0, Q4_K, Q6_K, and Q5_0, llama.cpp's stand-in for a
 K-quant whose width is not a whole number of 256-blocks), against the weights from
 `gguf.quants.dequantize` times the activations rounded to Q8 as the kernels round them. On Vulkan:
-the linalg forms (one token, a prompt) of the same types plus Q5_K, against the same weights.
+the linalg forms every Vulkan target compiles (zinc.compiler.subgroup_matmul; one token, a prompt)
+of the same types plus Q5_K, against the same weights.
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ def _linalg_module(qtype: str, widths: list[int]) -> str:
     for k in widths:
         pt = q.param_type(N, k)
         text += f'util.global private @w{k} = #flow.parameter.named<"model"::"w{k}"> : {pt}\n'
-        text += render_matmul(q, N, k, True) + render_matmul(q, N, k, False)
+        text += render_matmul(q, N, k, True, two_dims=True) + render_matmul(q, N, k, False, two_dims=True)
         for fn, dynamic, t in (("mm", True, "?"), ("mv", False, "1")):
             arg, res = f"tensor<{t}x{k}xf32>", f"tensor<{t}x{N}xf32>"
             text += (
