@@ -95,7 +95,7 @@ def test_chained_greedy_steps_match_llama_cpp(device: str, smollm2: Path, open_s
     data = golden("smollm2")
     session = open_session(smollm2, device)
     n = VULKAN_TOKENS if device == "vulkan" else data["settings"]["gen_tokens"]
-    prompt = data["prompts"][-1]
+    prompt = min(data["prompts"], key=lambda p: len(p["ids"]))  # lavapipe prefills seconds a token
     ours = list(generate_ids(session, prompt["ids"], n))
     assert ours == stepwise(session, prompt, n)[1]  # the same calls, fed from the device instead of the host
     assert check_tokens(ours, prompt) >= min(5, n)
