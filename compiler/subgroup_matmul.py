@@ -3,8 +3,9 @@
 Owns: `render` and `FORMS`, the forms of the nibble-packed types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
 Q5_K, Q6_K) that every Vulkan target compiles (the CPU's fallback keeps mlir/matmul_*.mlir's).
 
-IREE 3.13 compiles a matvec on those targets with its SubgroupReduce pipeline, and that pipeline
-maps invocations to the wrong elements when a reduction has three dims or more: it drops the
+IREE 3.13 compiles a matvec on the named GPU targets (ampere, rdna3, ...) with its
+SubgroupReduce pipeline, and that pipeline maps invocations to the wrong elements when a
+reduction has three dims or more: it drops the
 4-wide vector factor from the outermost dim's index (a Q4_0 row of 256 weights, looped as
 (block, half, 16), read block tid / 32 where tid / 8 holds it), so the templates' forms, which
 loop over (block, half, j) or more, computed wrong rows (tests/kernels/test_subgroup_matmul.py,
