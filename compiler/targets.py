@@ -192,10 +192,10 @@ def index_inputs(name: str) -> bool:
     named GPU target, not GENERIC. Those pipelines (SubgroupReduce) keep a reduction's vectorized
     `linalg.index` values in workgroup memory as `index`, a type SPIR-V cannot store ("failed to
     legalize operation 'memref.alloc' ... memref<576xindex, #spirv.storage_class<Workgroup>>"),
-    so the argmax and the batch attention read their loop indices from i32 iota constants, and
-    the quantized matmuls loop over two reduction dims (zinc.compiler.subgroup_matmul says why).
-    The generic target keeps linalg.index: there an iota form of a one-token matmul crashed IREE's
-    SPIR-V vector unrolling (a segfault in getDimPosition)."""
+    so the argmax and the batch attention read their loop indices from i32 iota constants (the
+    quantized matmuls' forms, which every Vulkan target takes, need none but Q5's bit number:
+    zinc.compiler.subgroup_matmul). The generic target keeps linalg.index: there an iota form of
+    a one-token matmul crashed IREE's SPIR-V vector unrolling (a segfault in getDimPosition)."""
     return check_vulkan_target(name) != GENERIC
 
 

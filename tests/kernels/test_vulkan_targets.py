@@ -3,10 +3,10 @@
 `zinc compile --target vulkan` compiles for the GPU in the machine (zinc.compiler.targets
 `vulkan_target_for`, from the device's properties as zinc.runtime.vulkan_probe reads them) or the
 one `--vulkan-target` names. Named GPU targets (ampere, rdna3, ...) enable IREE's subgroup
-pipelines, under which the nibble-packed matmuls take forms of two reduction dims
+pipelines, under which the nibble-packed matmuls need forms of two reduction dims
 (zinc.compiler.subgroup_matmul; tests/kernels/test_subgroup_matmul.py runs them on lavapipe); the
-generic target keeps the templates' forms, so lavapipe's results do not change. Compile only
-here: there is no GPU to run ampere or rdna3 code.
+generic target takes those forms too, being faster there. Compile only here: there is no GPU to
+run ampere or rdna3 code.
 The whole models and the real-shape widths are in the slow tier (minutes of iree-compile).
 """
 
