@@ -195,7 +195,6 @@ def plan(
         batch_sizes=buckets,
         kv_write_parallel=kind == "vulkan",
         index_inputs=kind == "vulkan" and index_inputs(vulkan_target),
-        two_dim_matmuls=kind == "vulkan",
         gemm=prefill_gemm(vulkan_target) if kind == "vulkan" else None,
         dp4_subgroup=dp4.subgroup_size(vulkan_target) if kind == "vulkan" else 0,
         shared_layers=kind == "vulkan" and shared_layers(vulkan_target),

@@ -89,7 +89,6 @@ class ModuleEmitter:
         tiled: bool = False,
         dot8: bool = False,
         index_inputs: bool = False,
-        two_dim_matmuls: bool = False,
         copies: frozenset[str] = frozenset(),
         dp4_subgroup: int = 0,
         shared_layers: bool = False,
@@ -99,8 +98,6 @@ class ModuleEmitter:
         # the forms for IREE's subgroup pipelines: iota inputs for loop indices (Vulkan GPU
         # targets: zinc.compiler.targets.index_inputs)
         self.index_inputs = index_inputs
-        # quantized matmuls over two reduction dims (every Vulkan target: zinc.compiler.subgroup_matmul)
-        self.two_dim_matmuls = two_dim_matmuls
         # decode matmuls (one token, or a decode batch's rows) with integer dot products on a
         # Vulkan GPU target, for subgroups this wide (zinc.compiler.dp4); 0: the linalg matmuls
         self.dp4_subgroup = dp4_subgroup
@@ -239,8 +236,9 @@ class Body:
                            [(w, ty)], f"tensor<{n}x{k}x{dt}>", f"{hint}_w")  # fmt: skip
             gemm = self.mod.helper(gemm_name(n, k, dt), render_gemm(n, k, dt))
             return self.call(gemm, [(x, self.act(k)), (wd, f"tensor<{n}x{k}x{dt}>")], self.act(n), hint)
+        # Vulkan (not tiled): the forms of two reduction dims (zinc.compiler.subgroup_matmul)
         name = self.mod.helper(
-            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, self.mod.two_dim_matmuls)
+            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, not self.mod.tiled)
         )
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
 

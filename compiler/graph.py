@@ -114,7 +114,6 @@ def emit_module(
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES,
     kv_write_parallel: bool = False,
     index_inputs: bool = False,
-    two_dim_matmuls: bool = False,
     gemm: tuple[int, str] | None = None,
     copies: frozenset[str] = frozenset(),
     dp4_subgroup: int = 0,
@@ -124,14 +123,12 @@ def emit_module(
     `dot8` with the integer dot-product kernels where they apply (x86-64 with AVX2);
     one decode entry per batch size (1 is always included: single-sequence decode);
     `kv_write_parallel` for Vulkan (see paged.kv_write); `index_inputs` for a Vulkan GPU target
-    with subgroups (zinc.compiler.targets.index_inputs); `two_dim_matmuls` for every Vulkan target
-    (zinc.compiler.subgroup_matmul); `gemm` (rows, operand type): the
+    with subgroups (zinc.compiler.targets.index_inputs); `gemm` (rows, operand type): the
     prefill entries' matmuls as a dequantization and a GEMM over chunks padded to that many rows
     (zinc.compiler.gemm; Vulkan); `copies`: GGUF tensors bound from an aligned copy in the .irpa
     (ModuleEmitter.copies); `dp4_subgroup`: the decode matmuls with integer dot products, for
     subgroups this wide (zinc.compiler.dp4; a Vulkan GPU target), 0: none."""
-    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, two_dim_matmuls=two_dim_matmuls,
-                        copies=copies, dp4_subgroup=dp4_subgroup,
+    mod = ModuleEmitter(tiled=tiled, dot8=dot8, index_inputs=index_inputs, copies=copies, dp4_subgroup=dp4_subgroup,
                         shared_layers=shared_layers)  # fmt: skip
     mod.entries.append(_Entry(mod, desc, batch=0, gemm=gemm).text("prefill"))
     mod.entries.append(_Entry(mod, desc, batch=0, rows_only=True, gemm=gemm).text("prefill_kv"))

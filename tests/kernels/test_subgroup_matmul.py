@@ -36,7 +36,7 @@ ROWS = 3
 def module(qname: str, n: int, k: int) -> str:
     """`main` (one token) and `rows` (a prompt's rows): x -> W x through Body.linear, as a named
     GPU target's model calls it."""
-    mod = ModuleEmitter(index_inputs=True, two_dim_matmuls=True)
+    mod = ModuleEmitter(index_inputs=True)
     lines = []
     for entry, dynamic in (("main", False), ("rows", True)):
         body = Body(mod, dynamic=dynamic)
