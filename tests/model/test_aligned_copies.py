@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from iree.compiler import compile_str
 
-from tests.conftest import DEVICES, SessionFactory
+from tests.conftest import DEVICES, ONE_SEQUENCE, SessionFactory
 from zinc.artifact import COPY_PLANE
 from zinc.compiler import build
 from zinc.model.gguf_file import open_gguf
@@ -81,7 +81,7 @@ def test_the_plan_binds_misaligned_tensors_from_their_copy(
     default = build.plan(path, "cpu")
     assert default.copied == ()  # the fixture's tensors are under COPY_MIN_BYTES
     monkeypatch.setattr(build, "COPY_MIN_BYTES", 0)
-    p = build.plan(path, "cpu")
+    p = build.plan(path, "cpu", ONE_SEQUENCE)
     assert "token_embd.weight" in p.copied and "output_norm.weight" in p.copied
     bound = set(re.findall(r'"model"::"([^"]+)"', p.mlir))
     assert {f"{name}.{COPY_PLANE}" for name in p.copied} <= bound
@@ -99,7 +99,7 @@ def test_a_model_with_copies_gives_the_same_logits(
     path = tiny_models[FIXTURE]
     gguf = open_gguf(path)
     monkeypatch.setattr(build, "COPY_MIN_BYTES", 0)
-    p = build.plan(path, "cpu")
+    p = build.plan(path, "cpu", ONE_SEQUENCE)
     out = build.compile_model(p, tmp_path / "artifact")
     archive = out / build.REPACKED_ARCHIVE
     index = rt.ParameterIndex()
@@ -119,7 +119,7 @@ def test_a_model_with_copies_gives_the_same_logits(
     assert memory.weights_bytes(gguf, [archive]) == archive.stat().st_size + from_gguf
 
     session = ModelSession(out, path, DEVICES["cpu"](), context_length=512)
-    plain = open_session(path, "cpu")  # the cached artifact: no copies
+    plain = open_session(path, "cpu", ONE_SEQUENCE)  # test_fixture_numerics' artifact: no copies
     prompt = [3, 17, 200, 5, 9, 11]
     assert np.array_equal(session.prefill(prompt).logits(), plain.prefill(prompt).logits())
     for pos, token in enumerate((7, 100, 42), start=len(prompt)):

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import SessionFactory, device_params, reference_model
+from tests.conftest import ONE_SEQUENCE, SessionFactory, device_params, reference_model
 
 # max |logit error| / max |logit|. f32 vs float64 accumulation alone is 1e-7..4e-6, but the cached
 # K/V are f16 on every device (as the reference's, tests/conftest.py): a value that f32's error puts
@@ -28,6 +28,18 @@ from tests.conftest import SessionFactory, device_params, reference_model
 # Where the rounding itself is checked bit for bit: tests/kernels/test_f16_bits.py.
 TOL = 2e-4
 TOL_Q8 = 1e-2  # with Q8 activations (the CPU on AVX2), see tests/conftest.py
+
+
+# The fixtures (and devices) that other tests open with the default decode buckets: batched decode,
+# packed prefill, prefix hits and scoring (tests/model), and `zinc --prompt-ids` on tiny-q40-f16
+# (tests/e2e/test_cli.py). They share that artifact here; the others compile decode_b1 only.
+DEFAULT_BUCKETS = {"tiny-q8-q41": "*", "tiny-gemma3": "*", "tiny-llama3-ropefreqs": "*", "tiny-q40-f16": "cpu"}
+
+
+def buckets(fixture: str, device: str) -> tuple[int, ...] | None:
+    """The decode buckets `fixture`'s session on `device` takes: None (the default) or ONE_SEQUENCE."""
+    shared = DEFAULT_BUCKETS.get(fixture)
+    return None if shared == "*" or (shared is not None and device.startswith(shared)) else ONE_SEQUENCE
 
 
 def rel_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -52,7 +64,7 @@ def test_compiled_matches_reference(
     fixture: str, device: str, tiny_models: dict[str, Path], open_session: SessionFactory
 ) -> None:
     path = tiny_models[fixture]
-    session = open_session(path, device)
+    session = open_session(path, device, buckets(fixture, device))
     ref = reference_model(path, device)
     tol = TOL_Q8 if ref.q8_activations else TOL
     prompt = [3, 17, 200, 5, 9, 11]

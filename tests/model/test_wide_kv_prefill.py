@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.make_fixtures import TinyLlama, write_fixture
-from tests.conftest import SessionFactory, device_params, reference_model
+from tests.conftest import ONE_SEQUENCE, SessionFactory, device_params, reference_model
 from tests.model.test_fixture_numerics import TOL, TOL_Q8, rel_err
 from zinc.artifact import PREFILL_ROWS
 
@@ -35,7 +35,7 @@ def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("device", device_params("vulkan"))
 def test_a_long_prompt_in_full_prefill_calls(device: str, wide: Path, open_session: SessionFactory) -> None:
-    session = open_session(wide, device)
+    session = open_session(wide, device, ONE_SEQUENCE)
     assert session.chunk_tokens == PREFILL_ROWS
     ref = reference_model(wide, device)
     tol = TOL_Q8 if ref.q8_activations else TOL
