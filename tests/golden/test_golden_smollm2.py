@@ -5,8 +5,8 @@ in f16, so its logits differ from an exact f32 computation by up to a few tenths
 must match exactly until the first step where llama.cpp's own top-1/top-2 gap is below
 NEAR_TIE; at a divergence, zinc's token must be llama.cpp's runner-up at a near-tie step
 (anything else is a bug). Lavapipe runs SmolLM2 at seconds per token, so the Vulkan run in CI
-generates fewer tokens (VULKAN_TOKENS) with the same rule; the opt-in long tier
-(`pytest --golden-long -m golden_long`) generates all 32 on Vulkan.
+generates fewer tokens (VULKAN_TOKENS) of two prompts (VULKAN_PROMPTS) with the same rule; the
+opt-in long tier (`pytest --golden-long -m golden_long`) generates all 32 of every prompt on Vulkan.
 """
 
 from __future__ import annotations
@@ -27,6 +27,10 @@ NEAR_TIE = 0.5  # logits; the largest gap at which zinc (exact) and llama.cpp (q
 # attention, 0.52 with the flash one, whose attention differs from it by 1e-7)
 TOP1_TOL = 0.75
 VULKAN_TOKENS = 6
+# CI's Vulkan prompts: France (5 tokens, the chained test's) and counting (17, no near-tie in its
+# first 6 steps); the code prompt (a 0.44 near-tie at its 4th token, a minute of prefill on
+# lavapipe) runs in the long tier
+VULKAN_PROMPTS = (0, 2)
 
 
 def check_tokens(ours: list[int], prompt: dict[str, Any]) -> int:
@@ -79,9 +83,11 @@ def run_prompt(session: ModelSession, prompt: dict[str, Any], n: int, top1_tol: 
 def test_smollm2_greedy_matches_llama_cpp(device: str, smollm2: Path, open_session: SessionFactory) -> None:
     data = golden("smollm2")
     session = open_session(smollm2, device.removesuffix("-long"))
-    n = VULKAN_TOKENS if device == "vulkan" else data["settings"]["gen_tokens"]
+    short = device == "vulkan"  # CI's Vulkan run
+    n = VULKAN_TOKENS if short else data["settings"]["gen_tokens"]
+    prompts = [data["prompts"][i] for i in VULKAN_PROMPTS] if short else data["prompts"]
     matched = []
-    for prompt in data["prompts"]:
+    for prompt in prompts:
         matched.append(run_prompt(session, prompt, n, TOP1_TOL))
     # every prompt must agree for a while; SmolLM2's first prompt meets a 0.33 near-tie at token 5
     assert min(matched) >= min(5, n), matched
