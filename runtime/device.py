@@ -2,16 +2,19 @@
 
 Owns: device resolution (auto takes a real Vulkan GPU when one exists, else the CPU; lavapipe
 and other CPU emulations never count as a GPU), the worker threads of the CPU task driver, one
-cached `HalDevice` per URI, and reading a device array back to the host (our own path:
-`DeviceArray.to_host()` fails on lavapipe).
+cached `HalDevice` per URI (its threads that poll while it is idle, as IREE's Vulkan completion
+threads do on lavapipe, moved to idle cores), and reading a device array back to the host (our own
+path: `DeviceArray.to_host()` fails on lavapipe).
 Imports: iree.runtime, numpy, zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,15 +112,63 @@ def _set_task_threads(threads: int) -> None:
         log.warning("the CPU task driver already runs %d threads; %d requested", _task_threads[0], threads)
 
 
+_opened: set[str] = set()  # the URIs whose device this process has opened
+
+
 def open_device(uri: str, threads: int | None = None) -> Any:
     """One HAL device per URI for the whole process (iree.runtime caches it); `threads` sets
     the local-task driver's worker threads when it is first created."""
     if uri == "local-task":
         _set_task_threads(threads or default_threads())
+    first = uri not in _opened
+    before = _thread_ids() if first else set()
     try:
-        return rt.get_device(uri)
+        device = rt.get_device(uri)
     except Exception as exc:
         raise DeviceError(f"cannot open IREE device {uri!r}: {exc}") from exc
+    if first:
+        _opened.add(uri)
+        _yield_spinning_threads(_thread_ids() - before)
+    return device
+
+
+SPIN_WINDOW_S = 0.1  # how long a new thread is watched while the device is idle
+
+
+def _yield_spinning_threads(new: set[int]) -> None:
+    """Give the lowest CPU priority to the threads a device brought that keep a core busy while
+    it is idle. IREE's Vulkan queues each wait for completions on a thread of their own, in
+    vkWaitSemaphores over two timeline semaphores (any of them); Mesa's lavapipe (22.3) answers
+    such a wait by polling, so each thread keeps a core busy for the device's whole life: two
+    threads, this machine's two cores, taken from the CPU's and lavapipe's own work. Scheduled as
+    SCHED_IDLE they still see a completion at once on an idle core and take nearly nothing from a
+    busy one, a niced process's included.
+    A device whose threads sleep while idle (a GPU's driver, the CPU's) is left as it is."""
+    start = {tid: _cpu_ticks(tid) for tid in new}
+    time.sleep(SPIN_WINDOW_S)
+    busy = os.sysconf("SC_CLK_TCK") * SPIN_WINDOW_S / 2  # over half the window on a core
+    for tid, ticks in start.items():
+        if ticks is not None and (_cpu_ticks(tid) or 0) - ticks >= busy:
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+                log.info("thread %d of the new device polls while idle: it runs on idle cores only", tid)
+
+
+def _thread_ids() -> set[int]:
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:  # no procfs: nothing to watch
+        return set()
+
+
+def _cpu_ticks(tid: int) -> int | None:
+    """User plus system time of thread `tid` of this process, in clock ticks (None: gone)."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[11]) + int(fields[12])
 
 
 def to_host(array: Any, device: Any) -> np.ndarray[Any, Any]:
