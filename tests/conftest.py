@@ -10,16 +10,16 @@ import functools
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import pytest
 
 from fixtures.make_fixtures import FIXTURES, write_fixture
+from tests.compile_pool import JobsOf, cancel_pending, compile_ahead
 from zinc.compiler import dot8_layout
 from zinc.compiler.build import ensure_artifact
-from zinc.compiler.targets import compile_mlir, target_flags
 from zinc.errors import GGUFError
 from zinc.model.gguf_file import default_model_path, open_gguf
 from zinc.model.reference import ReferenceModel
@@ -99,16 +99,31 @@ def golden(name: str) -> dict[str, Any]:
     return data
 
 
-_COMPILED: dict[tuple[str, tuple[str, ...]], bytes] = {}
+@pytest.fixture(scope="module", autouse=True)
+def _compile_ahead(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test module with `compile_jobs` (tests/compile_pool.py) has the modules of its selected,
+    runnable tests compiled ahead, in the order they run; the unstarted rest is dropped at its end."""
+    jobs_of: JobsOf | None = getattr(request.module, "compile_jobs", None)
+    if jobs_of is None:
+        yield
+        return
+    runs = [
+        item for item in request.session.items
+        if isinstance(item, pytest.Function) and item.module is request.module and _will_run(item)
+    ]  # fmt: skip
+    queued = compile_ahead(job for item in runs for job in jobs_of(item.originalname, _params(item)))
+    yield
+    cancel_pending(queued)
 
 
-def compile_kernel(text: str, target: str, extra_flags: tuple[str, ...] = ()) -> bytes:
-    """`compile_mlir`, once per module text and iree-compile flags in a test run: the kernel tests
-    run one module on both CPU drivers (local-sync and local-task), whose vmfb is the same bytes."""
-    key = (text, (*target_flags(target), *extra_flags))
-    if key not in _COMPILED:
-        _COMPILED[key] = compile_mlir(text, target, extra_flags)
-    return _COMPILED[key]
+def _params(item: pytest.Function) -> dict[str, Any]:
+    return dict(item.callspec.params) if hasattr(item, "callspec") else {}
+
+
+def _will_run(item: pytest.Function) -> bool:
+    if any(mark.args and mark.args[0] is True for mark in item.iter_markers("skipif")):
+        return False
+    return "vulkan" not in item.keywords or vulkan_verdict(vulkan_devices(), os.environ) is None
 
 
 def lavapipe_subgroup_target(subgroup: int = 8) -> str:
@@ -139,6 +154,11 @@ def artifact_copy(model: Path, target: str, cache_dir: Path) -> Path:
     inspect an artifact of their own, without compiling it again."""
     shared = ensure_artifact(model, target)
     return Path(shutil.copytree(shared, cache_dir / shared.name))
+
+
+def target_of(device: str) -> str:
+    """The compile target of a `DEVICES` name, without opening the device."""
+    return "vulkan" if device.startswith("vulkan") else "cpu"
 
 
 def device_params(*names: str) -> list[object]:

@@ -13,10 +13,14 @@ a row with nothing above -inf.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, KERNEL_FORMS, compile_kernel, for_device_target, lavapipe_subgroup_target
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, KERNEL_FORMS, for_device_target, lavapipe_subgroup_target, target_of
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -60,6 +64,20 @@ def cases(vocab: int) -> np.ndarray:
     x[9] = -np.inf  # a NaN, then nothing above -inf: 0
     x[9, 0] = np.nan
     return x
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The modules each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    if test == "test_greedy_argmax_takes_the_first_largest":
+        return [(argmax_module(params["vocab"], params["cpu"]), target_of(params["device"]), ())]
+    if test == "test_greedy_argmax_over_a_large_vocabulary":
+        return [(argmax_module(262144, params["cpu"]), target_of(params["device"]), ())]
+    if test == "test_the_named_gpu_targets_form_picks_the_same_tokens":
+        texts = [argmax_module(vocab, cpu=False, index_inputs=True) for vocab in (50, 49152, 262144)]
+        if params["subgroup_target"]:
+            texts = [for_device_target(t, lavapipe_subgroup_target(8)) for t in texts]
+        return [(t, "vulkan", ()) for t in texts]
+    return []
 
 
 @pytest.mark.parametrize("vocab", [160, 50])

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import compile_kernel
+from tests.conftest import DEVICES, device_params
 from zinc.compiler import paged
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.runtime.device import to_host

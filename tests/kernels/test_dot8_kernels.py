@@ -11,11 +11,15 @@ random bytes, so every fifth-bit pattern occurs. Skipped, with the reason, on a 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, device_params
 from tests.kernels.test_quant_kernels import random_blocks
 from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.kernels import QUANT_TYPES
@@ -88,14 +92,29 @@ VNNI_FORMS = [
 ]
 
 
+def set_form(mp: pytest.MonkeyPatch, form: str) -> None:
+    """The kernels' instruction form: "avx2", "vnni" or "wide" (512-bit VNNI)."""
+    mp.setenv("ZINC_CPU_VNNI", "0" if form == "avx2" else "1")
+    mp.setenv("ZINC_CPU_WIDE", "1" if form == "wide" else "0")
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The modules each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    if test != "test_dot8_kernels_match_dequantize":
+        return []
+    with pytest.MonkeyPatch.context() as mp:
+        set_form(mp, params["form"])
+        shapes = [(n, k) for n, k, _ in weights(params["qtype"], np.random.default_rng(5))]
+        return [(kernel_module(params["qtype"], n, k), "cpu", ()) for n, k in shapes]
+
+
 @pytest.mark.parametrize("form", VNNI_FORMS)
 @pytest.mark.parametrize("device", device_params("cpu", "cpu-task"))
 @pytest.mark.parametrize("qtype", list(dot8_layout.DOT8_TYPES))
 def test_dot8_kernels_match_dequantize(
     qtype: str, device: str, form: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("ZINC_CPU_VNNI", "0" if form == "avx2" else "1")
-    monkeypatch.setenv("ZINC_CPU_WIDE", "1" if form == "wide" else "0")
+    set_form(monkeypatch, form)
     assert dot8_layout.vnni() == (form != "avx2") and dot8_layout.wide_enabled() == (form == "wide")
     # the 512-bit form pairs the groups of 8 rows where their count is even (the shapes have both),
     # in the planes and so in every kernel, the single-token one compared bit for bit below too

@@ -10,17 +10,19 @@ and times x itself, which it must match as closely as llama.cpp's Q8_1 activatio
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, compile_kernel
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES
 from tests.kernels.test_quant_kernels import quantized
 from zinc.compiler import dp4
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.compiler.kernels import QUANT_TYPES
-from zinc.compiler.targets import compile_mlir, vulkan_target_flags
+from zinc.compiler.targets import vulkan_target_flags
 from zinc.errors import ZincError
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -59,6 +61,17 @@ def quantize_like_kernel(x: Array) -> Array:
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
     q = np.rint(xb * inv)
     return (q * (amax / np.float32(127))).reshape(x.shape).astype(np.float64)
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The module each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    if test == "test_dp4_matmul_matches_dequantize":
+        n, k = params["shape"]
+        return [(module(params["qtype"], n, k, LAVAPIPE_SUBGROUP), "vulkan", vulkan_target_flags("ampere"))]
+    if test == "test_dp4_kernels_compile_for_every_target_with_dot_products":
+        text = module("Q4_K", 64, 256, dp4.SUBGROUP[params["target"]], entries=1)
+        return [(text, "vulkan", vulkan_target_flags(t)) for t in (params["target"], "volta")]
+    return []
 
 
 @pytest.mark.vulkan
@@ -103,9 +116,9 @@ def test_dp4_kernels_compile_for_every_target_with_dot_products(target: str) -> 
     """Each target in dp4.SUBGROUP compiles the kernels with its own subgroup size, and its
     SPIR-V has the dot product (a target without them fails to legalize OpSDotAccSat)."""
     text = module("Q4_K", 64, 256, dp4.SUBGROUP[target], entries=1)
-    assert compile_mlir(text, "vulkan", vulkan_target_flags(target))
+    assert compile_kernel(text, "vulkan", vulkan_target_flags(target))
     with pytest.raises(ZincError, match="SDotAccSat"):
-        compile_mlir(text, "vulkan", vulkan_target_flags("volta"))
+        compile_kernel(text, "vulkan", vulkan_target_flags("volta"))
 
 
 def test_dp4_applies_where_the_target_has_dot_products(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,8 @@ import functools
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import compile_kernel
+from tests.conftest import DEVICES, device_params
 from zinc.compiler import paged
 from zinc.compiler.bitops import f16_bits_to_f32, f32_to_f16_bits
 from zinc.compiler.emitter import Body, ModuleEmitter

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.compile_pool import compile_kernel
 from tests.kernels.test_prefill_gemm import gemm_module
 from zinc.compiler.build import plan
 from zinc.compiler.targets import compile_mlir, shared_layers, vulkan_target_flags
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.vulkan
 
 
 def _kernels(path: Path, vulkan_target: str) -> list[list[int]]:
+    """The SPIR-V modules of the 2-layer model's artifact for `vulkan_target` (compiled once a run)."""
     p = plan(path, "vulkan", (1, 4), vulkan_target)
-    return gpu_kernels.spirv_modules(compile_mlir(p.mlir, "vulkan", vulkan_target_flags(vulkan_target)))
+    return gpu_kernels.spirv_modules(compile_kernel(p.mlir, "vulkan", vulkan_target_flags(vulkan_target)))
 
 
 def test_every_layer_shares_its_attention_kernels(tiny_models: dict[str, Path]) -> None:

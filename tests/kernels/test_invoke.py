@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from iree.compiler import compile_str
 
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import compile_kernel
+from tests.conftest import DEVICES, device_params
 from tests.kernels.test_paged_kernels import L, filled_slab, paged_module, stored
 from zinc.compiler.targets import ASYNC, target_flags
 from zinc.runtime.device import open_device, to_host

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, compile_kernel
+from tests.compile_pool import compile_kernel
+from tests.conftest import DEVICES
 from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.emitter import NO_WINDOW
 from zinc.compiler.graph import emit_module

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import compile_kernel
+from tests.compile_pool import compile_kernel
 from zinc.artifact import CTX_ALIGN
 from zinc.compiler.attention_prefill import render_prefill_attention, rows_per_workgroup
 from zinc.compiler.emitter import f32_const

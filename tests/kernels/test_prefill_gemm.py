@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, compile_kernel, reference_model
+from tests.compile_pool import compile_kernel
+from tests.conftest import DEVICES, reference_model
 from tests.kernels.test_quant_kernels import gemm_function, quantized
 from tests.kernels.test_vulkan_targets import QUANTIZED
 from tests.model.test_fixture_numerics import TOL

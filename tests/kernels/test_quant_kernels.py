@@ -16,13 +16,15 @@ device of that target (cpu and cpu-task share the llvm-cpu build).
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, device_params, target_of
 from zinc.compiler.bitops import bf16_to_f32, f16_to_f32
 from zinc.compiler.gemm import dequant_name, gemm_name, render_dequant, render_gemm
 from zinc.compiler.kernels import QUANT_TYPES, gather_name, matmul_name, render_gather, render_matmul
@@ -110,6 +112,17 @@ def kernel_module(name: str, n: int, k: int, target: str) -> str:
 @functools.cache
 def compiled(name: str, n: int, k: int, target: str) -> bytes:
     return compile_kernel(kernel_module(name, n, k, target), target)
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The modules each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    target = target_of(params.get("device", "cpu"))
+    if test == "test_kernels_match_dequantize":
+        q = params["qtype"]
+        return [(kernel_module(q, n, k, target), target, ()) for n, k in SHAPES[QUANT_TYPES[q].block]]
+    if test == "test_half_decoding_is_exact":
+        return [(decode_module(), target, ())]
+    return []
 
 
 def rel_err(y: Array, ref: Array, mag: Array) -> float:

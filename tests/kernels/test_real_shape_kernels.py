@@ -15,6 +15,7 @@ of the same types plus Q5_K, against the same weights.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -22,7 +23,8 @@ import numpy as np
 import pytest
 
 from fixtures.real_shapes import SPECS
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, device_params, target_of
 from tests.kernels.test_quant_kernels import quantized
 from zinc.compiler import dot8, dot8_layout
 from zinc.compiler.kernels import QUANT_TYPES, matmul_name, render_matmul
@@ -80,6 +82,15 @@ def _dot8_module(qtype: str, widths: list[int]) -> str:
                 f"  %y = func.call @{callee}({names}, %x) : ({types}, {arg}) -> {res}\n  return %y : {res}\n}}\n"
             )
     return text
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The module each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    if test == "test_dot8_kernels_at_every_real_width":
+        return [(_dot8_module(params["qtype"], widths_for(params["qtype"])), "cpu", ())]
+    if test == "test_linalg_kernels_at_every_real_width":
+        return [(_linalg_module(params["qtype"], widths_for(params["qtype"])), target_of(params["device"]), ())]
+    return []
 
 
 @cache

@@ -10,10 +10,14 @@ of the two run apart.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pytest
 
-from tests.conftest import DEVICES, KERNEL_FORMS, compile_kernel
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, KERNEL_FORMS, target_of
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -33,6 +37,15 @@ def norm_module(d: int, cpu: bool) -> str:
     lines += [f"  return {single} : tensor<1x{d}xf32>", "}"]
     mod.entries.append("\n".join(lines))
     return mod.text("rmsnorm")
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The module each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    render = {
+        "test_rmsnorm_matches_the_reference_alone_and_in_rows": norm_module,
+        "test_add_rmsnorm_gives_the_bits_of_the_add_and_the_norm_apart": add_norm_module,
+    }.get(test)
+    return [(render(params["d"], params["cpu"]), target_of(params["device"]), ())] if render else []
 
 
 @pytest.mark.parametrize("d", [576, 40])

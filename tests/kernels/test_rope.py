@@ -10,13 +10,15 @@ rotation, and a row must come out the same alone ([1, n]) as among others ([T, n
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 import pytest
 
 from fixtures.real_shapes import llama3_rope_factors
-from tests.conftest import DEVICES, KERNEL_FORMS, compile_kernel
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, KERNEL_FORMS, target_of
 from zinc.compiler.emitter import Body, ModuleEmitter
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -59,6 +61,19 @@ def test_only_q_and_full_rotary_take_the_cpu_dispatch() -> None:
     assert "rope_norm_cpu" in rope_module(64, 64, cpu=True, by_hand=True)
     assert "rope_norm_cpu" not in rope_module(64, 64, cpu=True, by_hand=False)  # k: IREE fuses the linalg form
     assert "rope_norm_cpu" not in rope_module(32, 16, cpu=True, by_hand=True)  # partial rotary
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The module each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    target, cpu = target_of(params.get("device", "cpu")), params.get("cpu", False)
+    if test == "test_rope_matches_the_rotation_alone_and_in_rows":
+        return [(rope_module(params["hd"], params["n_rot"], cpu, by_hand=True), target, ())]
+    if test == "test_rope_with_frequency_factors_at_long_context":
+        factors = tuple(float(f) for f in llama3_rope_factors(params["n_rot"], BASE, 8.0, old_ctx=512))
+        return [(rope_module(params["hd"], params["n_rot"], cpu, by_hand=True, factors=factors), target, ())]
+    if test == "test_neox_rope_matches_the_rotation_alone_and_in_rows":
+        return [(neox_module(params["hd"], cpu), target, ())]
+    return []
 
 
 @pytest.mark.parametrize(("hd", "n_rot"), [(64, 64), (32, 16)])

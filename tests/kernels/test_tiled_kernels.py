@@ -7,11 +7,15 @@ and prefill (T = ?) kernels run on both CPU drivers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, quants
 
-from tests.conftest import DEVICES, compile_kernel, device_params
+from tests.compile_pool import KernelJob, compile_kernel
+from tests.conftest import DEVICES, device_params
 from zinc.compiler import tiled
 from zinc.compiler.kernels import QUANT_TYPES
 from zinc.runtime.device import to_host
@@ -40,6 +44,13 @@ def kernel_module(qtype: str, n: int, k: int) -> str:
             f"  %y = func.call @{callee}({names}, %x) : ({types}, {arg}) -> {res}\n  return %y : {res}\n}}\n"
         )
     return text
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The modules each test below compiles (tests/compile_pool.py compiles them ahead)."""
+    if test != "test_tiled_kernels_match_dequantize":
+        return []
+    return [(kernel_module(params["qtype"], n, k), "cpu", ()) for n, k in SHAPES]
 
 
 @pytest.mark.parametrize("device", device_params("cpu", "cpu-task"))

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
+from tests.compile_pool import KernelJob, compile_kernel
 from tests.conftest import DEVICES
 from tests.kernels.test_real_shape_kernels import widths_for
 from zinc.compiler import paged
@@ -143,12 +146,26 @@ def test_every_matmul_compiles_for_the_gpu_targets(target: str) -> None:
     """One module of every linalg matmul form (a prompt and one token) for the target, compiled:
     with linalg.index in their bodies, every nibble-packed type failed for ampere and rdna3
     (memref.alloc of index in workgroup memory)."""
+    compile_kernel(every_matmul_module(), "vulkan", vulkan_target_flags(target))
+
+
+def every_matmul_module() -> str:
     parts = []
     for i, qname in enumerate(QUANTIZED):
         for dynamic in (True, False):
             text = matmul_module(qname, 64, 512, dynamic, True)
             parts.append(text.replace("@main", f"@main{i}{'t' if dynamic else '1'}"))
-    compile_mlir("\n".join(parts), "vulkan", vulkan_target_flags(target))
+    return "\n".join(parts)
+
+
+def compile_jobs(test: str, params: Mapping[str, Any]) -> list[KernelJob]:
+    """The modules the compile-only tests compile (tests/compile_pool.py compiles them ahead)."""
+    if test == "test_every_matmul_compiles_for_the_gpu_targets":
+        return [(every_matmul_module(), "vulkan", vulkan_target_flags(params["target"]))]
+    if test == "test_decode_attention_compiles_for_the_gpu_targets":
+        target = params["target"]
+        return [(decode_attention_module(target != GENERIC), "vulkan", vulkan_target_flags(target))]
+    return []
 
 
 @pytest.mark.vulkan
@@ -218,7 +235,7 @@ def decode_attention_module(index_inputs: bool) -> str:
 @pytest.mark.parametrize("target", GPU_TARGETS)
 def test_decode_attention_compiles_for_the_gpu_targets(target: str) -> None:
     """Its slab reads index the cache by (g, d): linalg.index there failed for ampere like the matmuls."""
-    compile_mlir(decode_attention_module(target != GENERIC), "vulkan", vulkan_target_flags(target))
+    compile_kernel(decode_attention_module(target != GENERIC), "vulkan", vulkan_target_flags(target))
 
 
 @pytest.mark.vulkan

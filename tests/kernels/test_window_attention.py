@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conftest import compile_kernel, device_params
+from tests.compile_pool import compile_kernel
+from tests.conftest import device_params
 from tests.kernels.test_prefill_attention import reference
 from zinc.compiler.emitter import f32_const
 from zinc.compiler.kernels import t_dims, template
