@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 import pytest
 
 from fixtures.make_fixtures import FIXTURES, write_fixture
+from tests import artifacts_ahead
 from tests.compile_pool import JobsOf, cancel_pending, compile_ahead
 from zinc.compiler import dot8_layout
 from zinc.compiler.build import ensure_artifact
@@ -63,6 +65,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier:
             config.hook.pytest_deselected(items=tier)
             items[:] = [item for item in items if not item.get_closest_marker(marker)]
+
+
+_AHEAD: list[subprocess.Popen[bytes]] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if os.environ.get("ZINC_ARTIFACTS_AHEAD") == "1" and session.items and not _AHEAD:
+        _AHEAD.append(artifacts_ahead.start(Path(os.environ["ZINC_CACHE"]) / "artifacts-ahead.log"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    while _AHEAD:
+        artifacts_ahead.stop(_AHEAD.pop())
 
 
 def vulkan_verdict(devices: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, str] | None:
