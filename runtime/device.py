@@ -132,23 +132,27 @@ def open_device(uri: str, threads: int | None = None) -> Any:
     return device
 
 
-SPIN_WINDOW_S = 0.1  # how long a new thread is watched while the device is idle
+SPIN_SAMPLES, SPIN_SAMPLE_S = 10, 0.02  # looks at a new device's threads while it is idle
 
 
 def _yield_spinning_threads(new: set[int]) -> None:
-    """Give the lowest CPU priority to the threads a device brought that keep a core busy while
-    it is idle. IREE's Vulkan queues each wait for completions on a thread of their own, in
+    """Give the threads a device brought that keep a core busy while it is idle the lowest CPU
+    priority. IREE's Vulkan queues each wait for completions on a thread of their own, in
     vkWaitSemaphores over two timeline semaphores (any of them); Mesa's lavapipe (22.3) answers
     such a wait by polling, so each thread keeps a core busy for the device's whole life: two
     threads, this machine's two cores, taken from the CPU's and lavapipe's own work. Scheduled as
     SCHED_IDLE they still see a completion at once on an idle core and take nearly nothing from a
-    busy one, a niced process's included.
-    A device whose threads sleep while idle (a GPU's driver, the CPU's) is left as it is."""
-    start = {tid: _cpu_ticks(tid) for tid in new}
-    time.sleep(SPIN_WINDOW_S)
-    busy = os.sysconf("SC_CLK_TCK") * SPIN_WINDOW_S / 2  # over half the window on a core
-    for tid, ticks in start.items():
-        if ticks is not None and (_cpu_ticks(tid) or 0) - ticks >= busy:
+    busy one, a niced process's included. They are found by their state, not their CPU time: a
+    polling thread is runnable whenever it is looked at, however busy the machine, where its share
+    of a core falls with the load; an idle device's other threads, and every thread of a GPU's
+    driver or of the CPU's, sleep."""
+    runnable = dict.fromkeys(new, 0)
+    for _ in range(SPIN_SAMPLES):
+        for tid in runnable:
+            runnable[tid] += _state(tid) == "R"
+        time.sleep(SPIN_SAMPLE_S)
+    for tid, seen in runnable.items():
+        if seen >= SPIN_SAMPLES * 0.8:
             with contextlib.suppress(OSError):
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
                 log.info("thread %d of the new device polls while idle: it runs on idle cores only", tid)
@@ -161,14 +165,13 @@ def _thread_ids() -> set[int]:
         return set()
 
 
-def _cpu_ticks(tid: int) -> int | None:
-    """User plus system time of thread `tid` of this process, in clock ticks (None: gone)."""
+def _state(tid: int) -> str | None:
+    """The scheduler state of thread `tid` of this process (R: running or runnable), None if gone."""
     try:
         with open(f"/proc/self/task/{tid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
+            return stat.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return None
-    return int(fields[11]) + int(fields[12])
 
 
 def to_host(array: Any, device: Any) -> np.ndarray[Any, Any]:
