@@ -22,7 +22,9 @@ def test_activate_smollm2_in_a_running_server(
     tmp_path: Path, smollm2: Path, tiny_models: dict[str, Path]
 ) -> None:
     device = DEVICES["cpu"]()
-    ensure_artifact(smollm2, device.target)  # compile first (cached): activation then only loads
+    # compile first (cached): activation then only loads, well within the client's 20 s timeout
+    for model in (smollm2, tiny_models["tiny-q8-q41"]):
+        ensure_artifact(model, device.target)
     registry = CatalogRegistry(tmp_path, profile=device.name, context_length=512, supported={"llama"})
     assert registry.get("smollm2") is not None and registry.get("smollm2").installed  # type: ignore[union-attr]
     loader = CliLoader(registry, device, 512, {"tiny": tiny_models["tiny-q8-q41"]})
