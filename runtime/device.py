@@ -112,7 +112,7 @@ def _set_task_threads(threads: int) -> None:
         log.warning("the CPU task driver already runs %d threads; %d requested", _task_threads[0], threads)
 
 
-_opened: set[str] = set()  # the URIs whose device this process has opened
+_opened: set[str] = set()  # the Vulkan URIs whose device this process has opened
 
 
 def open_device(uri: str, threads: int | None = None) -> Any:
@@ -120,7 +120,7 @@ def open_device(uri: str, threads: int | None = None) -> Any:
     the local-task driver's worker threads when it is first created."""
     if uri == "local-task":
         _set_task_threads(threads or default_threads())
-    first = uri not in _opened
+    first = uri.startswith("vulkan") and uri not in _opened  # the CPU drivers' threads sleep
     before = _thread_ids() if first else set()
     try:
         device = rt.get_device(uri)
