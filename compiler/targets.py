@@ -201,10 +201,13 @@ def index_inputs(name: str) -> bool:
 
 def shared_layers(name: str) -> bool:
     """Whether a Vulkan target's layers share their KV slab kernels, the layer's number a push
-    constant (zinc.compiler.emitter.Body.opaque_index): NVIDIA's and AMD's targets, whose 64-bit
-    integers the dynamic slab offsets need (IREE left a vector of i64 that a target without them
-    cannot lower). Elsewhere (and on the CPU) the layer's number stays a constant."""
-    return check_vulkan_target(name) in NVIDIA_TARGETS or name.startswith(("rdna", "cdna"))
+    constant (zinc.compiler.emitter.Body.opaque_index): NVIDIA's and AMD's targets, and GENERIC.
+    A dynamic slab offset is 64-bit arithmetic: the subgroup pipelines vectorize it, which a
+    target without 64-bit integers (adreno, valhall) cannot lower ("failed to legalize
+    vector.broadcast (i64) -> vector<4xi64>"); GENERIC keeps it scalar, which IREE emulates in
+    32-bit words. Elsewhere (and on the CPU) the layer's number stays a constant."""
+    kind = check_vulkan_target(name)
+    return kind == GENERIC or kind in NVIDIA_TARGETS or name.startswith(("rdna", "cdna"))
 
 
 GEMM_ROWS = PREFILL_ROWS  # the rows a Vulkan prefill chunk is padded to for its GEMMs: a whole call's
