@@ -1,5 +1,5 @@
 """bench/gpu_kernels.py on lavapipe (an artifact's kernels built one by one, the refused ones
-named) and what it found: every layer's attention shares one executable (the layer's number
+named) and what it found: every layer's attention shares one executable, on ampere and the generic target (the layer's number
 reaches it as a push constant, zinc.compiler.emitter.Body.opaque_index)."""
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ def _kernels(path: Path, vulkan_target: str) -> list[list[int]]:
     return gpu_kernels.spirv_modules(compile_kernel(p.mlir, "vulkan", vulkan_target_flags(vulkan_target)))
 
 
-def test_every_layer_shares_its_attention_kernels(tiny_models: dict[str, Path]) -> None:
-    """On ampere, the 2-layer model's kernels that read the KV slab over a dynamic length (i32 slab
-    words in, f32 out: the decode attention's two reductions, the prefill's K/V gathers) are there
-    once per shape and entry point; with the layer's number (and K or V) folded in, each was there
-    once per layer (and part)."""
-    modules = _kernels(tiny_models["tiny-q8-q41"], "ampere")
+@pytest.mark.parametrize("vulkan_target", ["ampere", "generic"])
+def test_every_layer_shares_its_attention_kernels(tiny_models: dict[str, Path], vulkan_target: str) -> None:
+    """On ampere and the generic target, the 2-layer model's kernels that read the KV slab over a
+    dynamic length (i32 slab words in, f32 out: the decode attention's two reductions, the
+    prefill's K/V gathers) are there once per shape and entry point; with the layer's number (and
+    K or V) folded in, each was there once per layer (and part)."""
+    modules = _kernels(tiny_models["tiny-q8-q41"], vulkan_target)
     names = [gpu_kernels.reflect(w)[0] for w in modules]
     shapes = (re.sub(r"_dispatch_\d+", "", n) for n in names)
     reads = Counter(s for s in shapes if re.search(r"(xD|Dx)\w*_(f32x)?(i32x)+f32$", s))
