@@ -1,6 +1,7 @@
 """bench/gpu_kernels.py on lavapipe (an artifact's kernels built one by one, the refused ones
-named) and what it found: every layer's attention shares one executable, on ampere and the generic target (the layer's number
-reaches it as a push constant, zinc.compiler.emitter.Body.opaque_index)."""
+named) and what it found: every layer's attention shares one executable, on ampere and on the
+generic target (the layer's number reaches it as a push constant,
+zinc.compiler.emitter.Body.opaque_index)."""
 
 from __future__ import annotations
 
