@@ -236,9 +236,11 @@ class Body:
                            [(w, ty)], f"tensor<{n}x{k}x{dt}>", f"{hint}_w")  # fmt: skip
             gemm = self.mod.helper(gemm_name(n, k, dt), render_gemm(n, k, dt))
             return self.call(gemm, [(x, self.act(k)), (wd, f"tensor<{n}x{k}x{dt}>")], self.act(n), hint)
-        # Vulkan (not tiled): the forms of two reduction dims (zinc.compiler.subgroup_matmul)
+        # Vulkan (not tiled): the forms of two reduction dims (zinc.compiler.subgroup_matmul); the
+        # generic target (no subgroup pipelines: index_inputs off) takes its form over rows (render_rows)
+        blocks = not self.mod.tiled and not self.mod.index_inputs
         name = self.mod.helper(
-            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, not self.mod.tiled)
+            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, not self.mod.tiled, blocks)
         )
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
 

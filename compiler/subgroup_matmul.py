@@ -1,7 +1,8 @@
 """The linalg quantized matmuls of every Vulkan target: two reduction dims.
 
 Owns: `render` and `FORMS`, the forms of the nibble-packed types (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K,
-Q5_K, Q6_K) that every Vulkan target compiles (the CPU's fallback keeps mlir/matmul_*.mlir's).
+Q5_K, Q6_K) that every Vulkan target compiles (the CPU's fallback keeps mlir/matmul_*.mlir's), and
+`render_rows` (BLOCK_TYPES, ROW_STEP), the generic target's form over several rows.
 
 IREE 3.13 compiles a matvec on the named GPU targets (ampere, rdna3, ...) with its
 SubgroupReduce pipeline, and that pipeline maps invocations to the wrong elements when a
@@ -18,6 +19,12 @@ blocks as they are; the products are those of the templates in another order.
 The generic target takes these forms too, for speed: a body decodes a block's f16 scales once
 per byte or more (for a K-quant, once for every weight its bytes hold at l), where the
 templates' decode them once per weight.
+`render_rows` is the generic target's form of a matmul over several rows (a prompt chunk, a
+decode batch) for the 32-weight block types: each step takes a byte of each of 16 / ROW_STEP
+groups of a block's quants (8 weights) and decodes its scales once for them. That target gives
+each invocation a whole (token, row) pair, so its time is the body's arithmetic, most of it the
+scales' decoding (lavapipe: half the time of `render`'s form over 20 rows, the same over one). A
+whole block a step is a little faster still, but its 52 operands make a model's compile slower.
 Imports: zinc.compiler.bitops.
 """
 
@@ -231,6 +238,106 @@ def render(qname: str, block: int, block_bytes: int, name: str, n: int, k: int, 
     out = [
         f"// {qname} in two reduction dims (zinc.compiler.subgroup_matmul): loop (t, n, b, l), l < {form.inner}.",
         f"func.func private @{name}(%w: tensor<{n}x{k // block}x{block_bytes}xi8>, %x: {xt}) -> {yt} {{",
+        "  %c0 = arith.constant 0 : index",
+        f"  %T = tensor.dim %x, %c0 : {xt}",
+        *lines,
+        "  %zero = arith.constant 0.0 : f32",
+        f"  %e = tensor.empty({dyn}) : {yt}",
+        f"  %acc = linalg.fill ins(%zero : f32) outs(%e : {yt}) -> {yt}",
+        f"  %y = linalg.generic {{indexing_maps = [{maps}, affine_map<(t, n, b, l) -> (t, n)>],",
+        '      iterator_types = ["parallel", "parallel", "reduction", "reduction"]}',
+        f"      ins({', '.join(op[0] for op in ins)} : {', '.join(op[1] for op in ins)})",
+        f"      outs(%acc : {yt}) {{",
+        f"    ^bb0({', '.join(op[3] for op in ins)}, %a: f32):",
+        indented("\n".join(b.lines).splitlines()),
+        f"      %s = arith.addf %a, {total} : f32",
+        "      linalg.yield %s : f32",
+        f"  }} -> {yt}",
+        f"  return %y : {yt}",
+        "}",
+    ]
+    return "\n".join(out) + "\n"
+
+
+# the 32-weight block types' fields: (scale bytes, min bytes or None, fifth-bit bytes or None, quants)
+_BLOCK32 = {
+    "Q4_0": (0, None, None, 2),
+    "Q4_1": (0, 2, None, 4),
+    "Q5_0": (0, None, 2, 6),
+    "Q5_1": (0, 2, 4, 8),
+}
+BLOCK_TYPES = tuple(_BLOCK32)
+ROW_STEP = 4  # quant bytes per group in `render_rows`: 16 / ROW_STEP groups, a step l < ROW_STEP
+
+
+def _rows_body(b: _Body, qname: str) -> str:
+    """One step l of a 32-block: quant byte ROW_STEP g + l of each group g holds weights
+    ROW_STEP g + l (low nibble, x group g) and 16 + ROW_STEP g + l (high nibble, x group
+    16 / ROW_STEP + g), with qh's bits of those numbers as the fifth for Q5; the sum times d, plus
+    m times the x's (Q4_1, Q5_1)."""
+    _, m_at, h_at, _ = _BLOCK32[qname]
+    groups = 16 // ROW_STEP
+    qh = _u32(b, ("%a_h0", "%a_h1", "%a_h2", "%a_h3")) if h_at is not None else None
+    off = {"Q4_0": 8, "Q5_0": 16}.get(qname)
+    dot: str | None = None
+    xsum: str | None = None
+    for g in range(groups):
+        lo, hi = _nibbles(b, f"q{g}")
+        x_lo, x_hi = f"%x{g}", f"%x{groups + g}"
+        if qh is not None:
+            bit = b.op(f"arith.addi %j, {b.const(ROW_STEP * g)}")
+            lo = _bit4(b, lo, qh, bit)
+            hi = _bit4(b, hi, qh, b.op(f"arith.addi {bit}, {b.const(16)}"))
+        if off is not None:
+            lo, hi = (b.f32(b.op(f"arith.subi {v}, {b.const(off)}"), signed=True) for v in (lo, hi))
+        else:
+            lo, hi = b.f32(lo), b.f32(hi)
+            pair = b.op(f"arith.addf {x_lo}, {x_hi}", "f32")
+            xsum = pair if xsum is None else b.op(f"arith.addf {xsum}, {pair}", "f32")
+        dot = b.fma(b.fma(dot, lo, x_lo), hi, x_hi)
+    assert dot is not None
+    total = b.op(f"arith.mulf {dot}, {b.f16('d0', 'd1')}", "f32")
+    if m_at is None:
+        return total
+    assert xsum is not None
+    return b.fma(total, b.f16("m0", "m1"), xsum)
+
+
+def render_rows(qname: str, block_bytes: int, name: str, n: int, k: int, dims: dict[str, str]) -> str:
+    """`render`'s func for a 32-weight block type (BLOCK_TYPES) over several rows, looped over
+    (t, n, block, l), l < ROW_STEP: the quants as 16 / ROW_STEP slices of ROW_STEP bytes, x as
+    32 / ROW_STEP slices of [T, k / 32, ROW_STEP], so a step takes 2 * 16 / ROW_STEP weights and
+    decodes the scales once for them (`render`'s forms: once per 2)."""
+    _, m_at, h_at, q_at = _BLOCK32[qname]
+    t, tv, dyn = dims["T"], dims["TV"], dims["DYN"]
+    blocks, step, groups = k // 32, ROW_STEP, 16 // ROW_STEP
+    wt, xt, yt = f"tensor<{n}x{blocks}x{block_bytes}xi8>", f"tensor<{t}x{k}xf32>", f"tensor<{t}x{n}xf32>"
+    fields = [("d0", 0, 1), ("d1", 1, 1)]
+    fields += [("m0", m_at, 1), ("m1", m_at + 1, 1)] if m_at is not None else []
+    fields += [(f"h{i}", h_at + i, 1) for i in range(4)] if h_at is not None else []
+    fields += [(f"q{g}", q_at + step * g, step) for g in range(groups)]
+    lines, ins = [], []
+    for arg, at, size in fields:
+        ty = f"tensor<{n}x{blocks}xi8>" if size == 1 else f"tensor<{n}x{blocks}x{size}xi8>"
+        lines.append(f"  %w_{arg} = tensor.extract_slice %w[0, 0, {at}] [{n}, {blocks}, {size}] [1, 1, 1] : {wt} to {ty}")
+        ins.append((f"%w_{arg}", ty, "n, b" if size == 1 else "n, b, l", f"%a_{arg}: i8"))
+    xg, xs = f"tensor<{t}x{blocks}x{2 * groups}x{step}xf32>", f"tensor<{t}x{blocks}x{step}xf32>"
+    lines.append(
+        f"  %xg = tensor.expand_shape %x [[0], [1, 2, 3]] output_shape [{tv}, {blocks}, {2 * groups}, {step}] "
+        f": {xt} into {xg}"
+    )
+    for j in range(2 * groups):
+        lines.append(f"  %x_{j} = tensor.extract_slice %xg[0, 0, {j}, 0] [{tv}, {blocks}, 1, {step}] [1, 1, 1, 1] : {xg} to {xs}")
+        ins.append((f"%x_{j}", xs, "t, b, l", f"%x{j}: f32"))
+    if h_at is not None:
+        lines.append(f"  %iota = arith.constant dense<[{', '.join(map(str, range(step)))}]> : tensor<{step}xi32>")
+        ins.append(("%iota", f"tensor<{step}xi32>", "l", "%j: i32"))
+    b = _Body()
+    total = _rows_body(b, qname)
+    maps = ", ".join(f"affine_map<(t, n, b, l) -> ({r})>" for _, _, r, _ in ins)
+    out = [
+        f"// {qname} over rows (zinc.compiler.subgroup_matmul.render_rows): loop (t, n, b, l), l < {step}.",
+        f"func.func private @{name}(%w: {wt}, %x: {xt}) -> {yt} {{",
         "  %c0 = arith.constant 0 : index",
         f"  %T = tensor.dim %x, %c0 : {xt}",
         *lines,

@@ -1,7 +1,8 @@
 """Tier 2: every supported quant type's fused kernels against gguf's dequantize + numpy.
 
 Each module holds the prefill matmul (dynamic T) and the decode matmul (T = 1), in the forms
-the target's models take (on Vulkan over two reduction dims: zinc.compiler.subgroup_matmul), the embedding
+the target's models take (on Vulkan over two reduction dims, the prefill's of a 32-weight block
+type in its form over rows: zinc.compiler.subgroup_matmul), the embedding
 row gather and the Vulkan GPU targets' prefill form (zinc.compiler.gemm: the weight dequantized,
 then a GEMM; in f32, and on the CPU in f16 too, which lavapipe's target cannot run) for one type
 and shape, with the weight bound as a parameter exactly as in a model.
@@ -94,8 +95,8 @@ def kernel_module(name: str, n: int, k: int, target: str) -> str:
     q = QUANT_TYPES[name]
     pt = q.param_type(n, k)
     text = f'util.global private @w = #flow.parameter.named<"model"::"w"> : {pt}\n'
-    two = target == "vulkan"  # the forms a model takes there (zinc.compiler.subgroup_matmul)
-    text += render_matmul(q, n, k, True, two) + render_matmul(q, n, k, False, two) + render_gather(q, n, k, True)
+    two = target == "vulkan"  # the forms the generic target's models take (zinc.compiler.subgroup_matmul)
+    text += render_matmul(q, n, k, True, two, two) + render_matmul(q, n, k, False, two) + render_gather(q, n, k, True)
     text += "".join(gemm_function(name, n, k, dt) for dt in (("f32", "f16") if target == "cpu" else ("f32",)))
     for fn, callee, arg, res in (
         ("mm", matmul_name(q, n, k, True), f"tensor<?x{k}xf32>", f"tensor<?x{n}xf32>"),
