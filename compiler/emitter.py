@@ -238,9 +238,9 @@ class Body:
             return self.call(gemm, [(x, self.act(k)), (wd, f"tensor<{n}x{k}x{dt}>")], self.act(n), hint)
         # Vulkan (not tiled): the forms of two reduction dims (zinc.compiler.subgroup_matmul); the
         # generic target (no subgroup pipelines: index_inputs off) takes its form over rows (render_rows)
-        blocks = not self.mod.tiled and not self.mod.index_inputs
+        rows_form = not self.mod.tiled and not self.mod.index_inputs
         name = self.mod.helper(
-            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, not self.mod.tiled, blocks)
+            matmul_name(q, n, k, self.dynamic), render_matmul(q, n, k, self.dynamic, not self.mod.tiled, rows_form)
         )
         return self.call(name, [(w, ty), (x, self.act(k))], self.act(n), hint)
 

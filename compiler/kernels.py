@@ -103,12 +103,12 @@ def matmul_name(q: QuantType, n: int, k: int, dynamic: bool) -> str:
 
 
 def render_matmul(
-    q: QuantType, n: int, k: int, dynamic: bool, two_dims: bool = False, whole_blocks: bool = False
+    q: QuantType, n: int, k: int, dynamic: bool, two_dims: bool = False, rows_form: bool = False
 ) -> str:
     """A private func `y[T, n] = x[T, k] @ W[n, k]^T` with W bound raw from the GGUF; with
     `two_dims` (every Vulkan target), a nibble-packed type takes its form of two reduction dims
     (zinc.compiler.subgroup_matmul); the CPU's fallback keeps the template's. With
-    `whole_blocks` too (the generic Vulkan target's matmuls over several rows), a 32-weight block
+    `rows_form` too (the generic Vulkan target's matmuls over several rows), a 32-weight block
     type takes its form over rows (subgroup_matmul.render_rows)."""
     if k % q.block:
         raise UnsupportedModelError(f"{q.name} matrix with {k} columns is not a whole number of blocks")
@@ -125,7 +125,7 @@ def render_matmul(
         "KSCALE": kquant_scale("%upper"),
         **t_dims(dynamic),
     }
-    if two_dims and whole_blocks and dynamic and q.name in subgroup_matmul.BLOCK_TYPES:
+    if two_dims and rows_form and dynamic and q.name in subgroup_matmul.BLOCK_TYPES:
         return subgroup_matmul.render_rows(q.name, q.block_bytes, subs["NAME"], n, k, t_dims(dynamic))
     if two_dims and q.name in subgroup_matmul.FORMS:
         return subgroup_matmul.render(q.name, q.block, q.block_bytes, subs["NAME"], n, k, t_dims(dynamic))
