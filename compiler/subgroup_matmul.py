@@ -224,8 +224,6 @@ def render(qname: str, block: int, block_bytes: int, name: str, n: int, k: int, 
     """The private func `name`: y[T, n] = x[T, k] @ W[n, k]^T, W bound as [n, k / block,
     block_bytes] i8; `dims` the token dimension's placeholders (kernels.t_dims)."""
     form = FORMS[qname]
-    t, dyn = dims["T"], dims["DYN"]
-    xt, yt = f"tensor<{t}x{k}xf32>", f"tensor<{t}x{n}xf32>"
     lines, ins = _operands(form, n, k // block, block_bytes, k, dims)
     b = _Body()
     if qname == "Q6_K":
@@ -234,10 +232,23 @@ def render(qname: str, block: int, block_bytes: int, name: str, n: int, k: int, 
         total = _kquant(b, qname)
     else:
         total = _block32(b, qname)
+    comment = f"{qname} in two reduction dims (zinc.compiler.subgroup_matmul): loop (t, n, b, l), l < {form.inner}."
+    return _func(comment, name, f"tensor<{n}x{k // block}x{block_bytes}xi8>", dims, n, k, lines, ins, b, total)
+
+
+def _func(
+    comment: str, name: str, wt: str, dims: dict[str, str], n: int, k: int,
+    lines: list[str], ins: list[tuple[str, str, str, str]], b: _Body, total: str,
+) -> str:  # fmt: skip
+    """The private func `name`: (W of type `wt`, x [T, k]) -> y [T, n], `lines` slicing them
+    into the operands `ins` of one linalg.generic over (t, n, b, l) that adds the body `b`'s
+    `total` into y."""
+    t, dyn = dims["T"], dims["DYN"]
+    xt, yt = f"tensor<{t}x{k}xf32>", f"tensor<{t}x{n}xf32>"
     maps = ", ".join(f"affine_map<(t, n, b, l) -> ({r})>" for _, _, r, _ in ins)
     out = [
-        f"// {qname} in two reduction dims (zinc.compiler.subgroup_matmul): loop (t, n, b, l), l < {form.inner}.",
-        f"func.func private @{name}(%w: tensor<{n}x{k // block}x{block_bytes}xi8>, %x: {xt}) -> {yt} {{",
+        f"// {comment}",
+        f"func.func private @{name}(%w: {wt}, %x: {xt}) -> {yt} {{",
         "  %c0 = arith.constant 0 : index",
         f"  %T = tensor.dim %x, %c0 : {xt}",
         *lines,
@@ -309,9 +320,9 @@ def render_rows(qname: str, block_bytes: int, name: str, n: int, k: int, dims: d
     32 / ROW_STEP slices of [T, k / 32, ROW_STEP], so a step takes 2 * 16 / ROW_STEP weights and
     decodes the scales once for them (`render`'s forms: once per 2)."""
     _, m_at, h_at, q_at = _BLOCK32[qname]
-    t, tv, dyn = dims["T"], dims["TV"], dims["DYN"]
+    t, tv = dims["T"], dims["TV"]
     blocks, step, groups = k // 32, ROW_STEP, 16 // ROW_STEP
-    wt, xt, yt = f"tensor<{n}x{blocks}x{block_bytes}xi8>", f"tensor<{t}x{k}xf32>", f"tensor<{t}x{n}xf32>"
+    wt, xt = f"tensor<{n}x{blocks}x{block_bytes}xi8>", f"tensor<{t}x{k}xf32>"
     fields = [("d0", 0, 1), ("d1", 1, 1)]
     fields += [("m0", m_at, 1), ("m1", m_at + 1, 1)] if m_at is not None else []
     fields += [(f"h{i}", h_at + i, 1) for i in range(4)] if h_at is not None else []
@@ -334,26 +345,5 @@ def render_rows(qname: str, block_bytes: int, name: str, n: int, k: int, dims: d
         ins.append(("%iota", f"tensor<{step}xi32>", "l", "%j: i32"))
     b = _Body()
     total = _rows_body(b, qname)
-    maps = ", ".join(f"affine_map<(t, n, b, l) -> ({r})>" for _, _, r, _ in ins)
-    out = [
-        f"// {qname} over rows (zinc.compiler.subgroup_matmul.render_rows): loop (t, n, b, l), l < {step}.",
-        f"func.func private @{name}(%w: {wt}, %x: {xt}) -> {yt} {{",
-        "  %c0 = arith.constant 0 : index",
-        f"  %T = tensor.dim %x, %c0 : {xt}",
-        *lines,
-        "  %zero = arith.constant 0.0 : f32",
-        f"  %e = tensor.empty({dyn}) : {yt}",
-        f"  %acc = linalg.fill ins(%zero : f32) outs(%e : {yt}) -> {yt}",
-        f"  %y = linalg.generic {{indexing_maps = [{maps}, affine_map<(t, n, b, l) -> (t, n)>],",
-        '      iterator_types = ["parallel", "parallel", "reduction", "reduction"]}',
-        f"      ins({', '.join(op[0] for op in ins)} : {', '.join(op[1] for op in ins)})",
-        f"      outs(%acc : {yt}) {{",
-        f"    ^bb0({', '.join(op[3] for op in ins)}, %a: f32):",
-        indented("\n".join(b.lines).splitlines()),
-        f"      %s = arith.addf %a, {total} : f32",
-        "      linalg.yield %s : f32",
-        f"  }} -> {yt}",
-        f"  return %y : {yt}",
-        "}",
-    ]
-    return "\n".join(out) + "\n"
+    comment = f"{qname} over rows (zinc.compiler.subgroup_matmul.render_rows): loop (t, n, b, l), l < {step}."
+    return _func(comment, name, wt, dims, n, k, lines, ins, b, total)
