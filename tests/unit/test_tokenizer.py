@@ -357,6 +357,19 @@ def test_bad_vocabularies_are_clear_errors() -> None:
         Tokenizer.from_metadata({"tokenizer.ggml.model": "gpt2"})
 
 
+def test_duplicate_empty_and_unmapped_token_texts() -> None:
+    """The vocabulary's rarer texts: a text with two ids is an error naming both, an empty text
+    gets llama.cpp's `[EMPTY_i]`, and a normal gpt2 token with a character outside GPT-2's byte
+    map keeps that character's UTF-8 bytes beside its mapped ones (the slow path of the pieces)."""
+    tokens = _tiny_gpt2()["tokenizer.ggml.tokens"]
+    with pytest.raises(GGUFError, match=r"'Ġh' has ids 256 and 259"):
+        load_vocab(_tiny_gpt2(**{"tokenizer.ggml.tokens": [*tokens[:259], "Ġh", *tokens[260:]]}))
+    vocab = load_vocab(_tiny_gpt2(**{"tokenizer.ggml.tokens": [*tokens[:260], "", *tokens[261:]]}))
+    assert vocab.tokens[260] == "[EMPTY_260]" and vocab.ids["[EMPTY_260]"] == 260
+    vocab = load_vocab(_tiny_gpt2(**{"tokenizer.ggml.tokens": [*tokens[:257], "Ġ日", *tokens[258:]]}))
+    assert vocab.pieces[257] == " 日".encode() and vocab.pieces[256] == b" h" and vocab.pieces[258] == b"<|im_end|>"
+
+
 def test_bad_ids_and_odd_text(model: tuple[str, Tokenizer]) -> None:
     _, tok = model
     with pytest.raises(InvalidRequestError):

@@ -12,6 +12,8 @@ Imports: zinc.tokenizer.vocab.
 
 from __future__ import annotations
 
+from itertools import compress
+
 from zinc.tokenizer.vocab import CONTROL, UNKNOWN, USER_DEFINED, Vocab
 
 _KEY_LEN = 3
@@ -19,7 +21,8 @@ _KEY_LEN = 3
 
 class SpecialSplitter:
     def __init__(self, vocab: Vocab) -> None:
-        chosen = [i for i, k in enumerate(vocab.kinds) if k in (CONTROL, UNKNOWN, USER_DEFINED)]
+        wanted = (CONTROL, UNKNOWN, USER_DEFINED)
+        chosen = list(compress(range(len(vocab.kinds)), map(wanted.__contains__, vocab.kinds)))
         chosen.sort(key=lambda i: (-len(vocab.tokens[i]), i))
         self._order = {tok: rank for rank, tok in enumerate(chosen)}
         self._text = {i: vocab.tokens[i] for i in chosen}

@@ -25,7 +25,7 @@ class SpmEngine:
     def __init__(self, vocab: Vocab) -> None:
         self._ids = vocab.ids  # token text -> id (the file's own strings, not copied)
         self._tokens = vocab.tokens
-        self._neg_scores = array("d", (-s for s in vocab.scores))
+        self._neg_scores = array("d", map(float.__neg__, vocab.scores))
         unk = vocab.special.get("unk")
         byte_ids = [vocab.ids.get(f"<0x{b:02X}>", unk) for b in range(256)]
         self._bytes = [[] if t is None else [t] for t in byte_ids]

@@ -37,7 +37,9 @@ def _offsets(pieces: list[bytes], hidden: bytes) -> tuple[array[int], array[int]
     ends = array("I", accumulate(lengths))
     starts = array("I", accumulate(lengths, initial=0))
     starts.pop()
-    ends_plain = array("I", [s if h else e for s, e, h in zip(starts, ends, hidden, strict=True)])
+    ends_plain = array("I", ends)
+    for hit in re.finditer(b"\x01", hidden):  # the few hidden tokens, found by a C-level scan
+        ends_plain[hit.start()] = starts[hit.start()]
     return starts, ends, ends_plain
 
 
@@ -57,7 +59,7 @@ class Tokenizer:
         self._bos_text = vocab.tokens[self.bos_id] if self.bos_id is not None else ""
         self._eos_text = vocab.tokens[self.eos_id] if self.eos_id is not None else ""
         # token i's piece is _blob[_starts[i]:_ends[i]]; _ends_plain[i] == _starts[i] for hidden tokens
-        self._hidden = bytes(k in (CONTROL, UNKNOWN) for k in vocab.kinds)
+        self._hidden = bytes(map((CONTROL, UNKNOWN).__contains__, vocab.kinds))
         self._blob = b"".join(vocab.pieces)
         self._starts, self._ends, self._ends_plain = _offsets(vocab.pieces, self._hidden)
 
