@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
 
 from zinc.errors import GGUFError
 from zinc.model.gguf_file import open_gguf
-from zinc.model.gguf_header import MAX_HEADER_BYTES, MAX_STRING_BYTES, MAX_VALUES, read_header
+from zinc.model.gguf_header import GGML_TYPES, MAX_HEADER_BYTES, MAX_STRING_BYTES, MAX_VALUES, read_header
 
 READER_ONLY_KEYS = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}  # GGUFReader's own fields
 
@@ -45,6 +45,15 @@ def assert_same_as_reader(path: Path) -> None:
 def test_tiny_fixtures_match_gguf_reader(tiny_models: dict[str, Path]) -> None:
     for path in tiny_models.values():
         assert_same_as_reader(path)
+
+
+def test_ggml_type_table_is_gguf_py_s() -> None:
+    """The header reader's own table of tensor types (it does not import gguf-py) names and sizes
+    each type as gguf-py does, and holds every type of gguf-py 0.19 (a newer gguf-py may add some:
+    the reader then calls a file with one of those an unknown type, as it would a bad one)."""
+    theirs = {t.value: (t.name, *GGML_QUANT_SIZES[t]) for t in GGMLQuantizationType if t in GGML_QUANT_SIZES}
+    assert {k: theirs.get(k) for k in GGML_TYPES} == GGML_TYPES
+    assert len(GGML_TYPES) == 34 and GGML_TYPES.keys() >= {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30}
 
 
 def test_smollm2_matches_gguf_reader(smollm2: Path) -> None:

@@ -12,7 +12,7 @@ used, and the header as a whole is held to fixed limits (`MAX_HEADER_BYTES`, `MA
 to those limits, never a hang, a deep recursion or a huge allocation. The checks follow
 llama.cpp's loader: a power-of-two alignment, at most 4 dimensions, element counts that fit in
 int64, aligned tensor offsets, no duplicate keys or tensor names.
-Imports: numpy, gguf.constants (type tables only), zinc.errors.
+Imports: numpy, zinc.errors.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from zinc.errors import GGUFError
 
@@ -38,6 +37,46 @@ MAX_STRING_BYTES = 32 << 20  # one string (a chat template is tens of kB); decod
 MAX_VALUES = 1 << 22  # array elements, all arrays together
 MAX_NESTING = 4  # arrays of arrays
 INT64_MAX = (1 << 63) - 1
+# ggml's tensor types: id -> (name, values per block, bytes per block), as the GGUF spec and
+# gguf-py's GGML_QUANT_SIZES give them (tests/unit/test_gguf_header.py holds them to gguf-py's).
+# Kept here so that reading a header does not import gguf-py (numpy, yaml and its writers: about
+# a tenth of a second of every start).
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+}
 # GGUF value types: id -> (struct format, numpy dtype) for the fixed-size ones
 _SCALARS: dict[int, tuple[str, str]] = {
     0: ("<B", "<u1"), 1: ("<b", "<i1"), 2: ("<H", "<u2"), 3: ("<h", "<i2"), 4: ("<I", "<u4"),
@@ -173,19 +212,18 @@ def _check_string(n: int, what: str) -> None:
 
 
 def _tensor_bytes(name: str, ggml_type: int, ne: tuple[int, ...]) -> tuple[str, int]:
-    try:
-        qtype = GGMLQuantizationType(ggml_type)
-        block, size = GGML_QUANT_SIZES[qtype]
-    except (ValueError, KeyError) as exc:
-        raise GGUFError(f"tensor {name} has unknown type {ggml_type}") from exc
+    known = GGML_TYPES.get(ggml_type)
+    if known is None:
+        raise GGUFError(f"tensor {name} has unknown type {ggml_type}")
+    type_name, block, size = known
     count = 1
     for n in ne:  # Python integers: a product that overflows int64 is caught, not wrapped
         count *= n
         if count > INT64_MAX:
             raise GGUFError(f"tensor {name}: dimensions {list(ne)} have more than 2^63 elements")
     if ne and ne[0] % block:
-        raise GGUFError(f"tensor {name}: a row of {ne[0]} values is not a whole number of {qtype.name} blocks")
-    return qtype.name, count // block * size
+        raise GGUFError(f"tensor {name}: a row of {ne[0]} values is not a whole number of {type_name} blocks")
+    return type_name, count // block * size
 
 
 def _alignment(metadata: dict[str, Any]) -> int:
