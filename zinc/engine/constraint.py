@@ -5,21 +5,24 @@ tokens the grammar allows next (the sampler applies it to the step's logits on t
 included), is told the token that was chosen, and says when the grammar is complete. The
 llguidance tokenizer is built from zinc's own `Tokenizer` (the byte piece of every token, the
 control tokens as special, zinc's BPE as the tokenize callback) once per tokenizer and cached.
-Imports: llguidance, numpy, zinc.engine.types, zinc.tokenizer, zinc.errors.
+Imports: llguidance (where a grammar is first built), numpy, zinc.engine.types, zinc.tokenizer,
+zinc.errors.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 
 from zinc.engine.types import Grammar
 from zinc.errors import InvalidRequestError
 from zinc.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # imported where first used: most starts serve no grammar (llguidance: ~40 ms)
+    from llguidance import LLMatcher, LLTokenizer
 
 BoolArray = np.ndarray[Any, np.dtype[np.bool_]]
 
@@ -52,6 +55,8 @@ def ll_tokenizer(tokenizer: Tokenizer) -> LLTokenizer:
     with _CACHE_LOCK:
         found = _CACHE.get(tokenizer)
         if found is None:
+            from llguidance import LLTokenizer, TokenizerWrapper
+
             eog = sorted(tokenizer.eog_ids) or None
             found = LLTokenizer(
                 TokenizerWrapper(_TokenizerView(tokenizer)), n_vocab=tokenizer.vocab_size, eos_token=eog
@@ -64,8 +69,10 @@ class GrammarMatcher:
     """One generation's grammar state; `allowed()` -> sample -> `accept(token)` each step."""
 
     def __init__(self, grammar: Grammar, tokenizer: Tokenizer) -> None:
+        from llguidance import LLMatcher
+
         self._vocab = tokenizer.vocab_size
-        self._matcher = LLMatcher(ll_tokenizer(tokenizer), grammar.source, log_level=0)
+        self._matcher: LLMatcher = LLMatcher(ll_tokenizer(tokenizer), grammar.source, log_level=0)
         if self._matcher.is_error():
             raise InvalidRequestError(f"the {grammar.kind} constraint cannot be used: {self._error()}")
 

@@ -7,23 +7,31 @@ usual spaced form (`{"a": 1, "b": [1, 2]}`, no newlines or indentation): flexibl
 small models wander into endless blank lines. A tool call is Qwen's format, one block
 `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>` whose ARGS follow the function's
 `parameters` schema (any of the given functions, or the one named).
-Imports: llguidance, zinc.engine.types, zinc.errors, the stdlib.
+Imports: llguidance (on the first grammar), zinc.engine.types, zinc.errors, the stdlib.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-from llguidance import LLMatcher
+from typing import TYPE_CHECKING, Any
 
 from zinc.engine.types import Grammar
 from zinc.errors import InvalidRequestError
 
+if TYPE_CHECKING:
+    from llguidance import LLMatcher
+
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+
+
+def _ll() -> type[LLMatcher]:
+    """llguidance's matcher class, imported on the first grammar (most starts build none; ~40 ms)."""
+    from llguidance import LLMatcher
+
+    return LLMatcher
 
 
 def _with_options(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -33,7 +41,7 @@ def _with_options(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _checked(source: str, kind: str, param: str) -> Grammar:
-    error = LLMatcher.validate_grammar(source)
+    error = _ll().validate_grammar(source)
     if error:
         message = " ".join(error.split())
         raise InvalidRequestError(
@@ -44,7 +52,7 @@ def _checked(source: str, kind: str, param: str) -> Grammar:
 
 def json_object_grammar() -> Grammar:
     """Any JSON object (`response_format: {"type": "json_object"}`)."""
-    source = LLMatcher.grammar_from_json_schema(_with_options({"type": "object"}))
+    source = _ll().grammar_from_json_schema(_with_options({"type": "object"}))
     return _checked(source, "json_object", "response_format")
 
 
@@ -55,7 +63,7 @@ def json_schema_grammar(schema: Any, param: str = "response_format") -> Grammar:
     if not isinstance(schema, Mapping):
         raise InvalidRequestError(f"'{param}' must be a JSON Schema object.", param=param)
     try:
-        source = LLMatcher.grammar_from_json_schema(_with_options(schema))
+        source = _ll().grammar_from_json_schema(_with_options(schema))
     except (ValueError, TypeError) as exc:
         raise InvalidRequestError(f"'{param}' is not a usable JSON Schema: {exc}", param=param) from None
     return _checked(source, "json_schema", param)
@@ -91,4 +99,4 @@ def tool_call_grammar(tools: Sequence[Mapping[str, Any]], name: str | None = Non
         f"start: {json.dumps(TOOL_CALL_OPEN + chr(10))} call {json.dumps(chr(10) + TOOL_CALL_CLOSE)}\n"
         f"call: %json {json.dumps(schema)}\n"
     )
-    return _checked(LLMatcher.grammar_from_lark(lark), "tool_call", "tools")
+    return _checked(_ll().grammar_from_lark(lark), "tool_call", "tools")
