@@ -6,8 +6,8 @@ parameters: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), ren
 `gathers`). Every kernel reads the GGUF bytes as they are; dequantization is fused into the
 kernel, with f16 scales and packed fields decoded by integer ops (`bitops`) so one kernel is
 correct on llvm-cpu and on Vulkan.
-Imports: zinc.compiler.bitops, zinc.compiler.gathers, zinc.errors, zinc.mlir (templates, read
-with importlib.resources).
+Imports: zinc.compiler.bitops, zinc.compiler.gathers, zinc.errors, zinc.model.gguf_header (the
+block sizes), zinc.mlir (templates, read with importlib.resources).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from zinc.compiler.bitops import (
 )
 from zinc.compiler.gathers import gather_body
 from zinc.errors import UnsupportedModelError
+from zinc.model.gguf_header import GGML_TYPES
 
 
 @dataclass(frozen=True)
@@ -46,21 +47,11 @@ class QuantType:
         return f"tensor<{rows}x{cols // self.block}x{self.block_bytes}xi8>"
 
 
+# The GGML types zinc compiles, with their block sizes from the GGUF header reader's table
+_SIZES = {name: (block, size) for name, block, size in GGML_TYPES.values()}
 QUANT_TYPES: dict[str, QuantType] = {
-    q.name: q
-    for q in (
-        QuantType("F32", 1, 4),
-        QuantType("F16", 1, 2),
-        QuantType("Q8_0", 32, 34),
-        QuantType("Q4_0", 32, 18),
-        QuantType("Q4_1", 32, 20),
-        QuantType("Q5_0", 32, 22),
-        QuantType("Q5_1", 32, 24),
-        QuantType("Q4_K", 256, 144),
-        QuantType("Q5_K", 256, 176),
-        QuantType("Q6_K", 256, 210),
-        QuantType("BF16", 1, 2),
-    )
+    name: QuantType(name, *_SIZES[name])
+    for name in ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "BF16")
 }
 
 
