@@ -20,18 +20,16 @@ import tempfile
 import time
 from pathlib import Path
 
-# (model: a bundled model's name, a fixtures/make_fixtures.py fixture's, or "tiny"/"tiny2": the
-# catalog tests' copies of tiny-q8-q41), target, decode buckets (None: the default), pooling;
-# in the order a run first opens them (e2e, golden, model), except that the bundled models come
-# first: a minute or two each, where the tiny fixtures the first tests also open take 15-20 s
+# (model: a bundled model's name or a fixtures/make_fixtures.py fixture's), target, decode buckets
+# (None: the default), pooling; in the order a run first opens them (e2e, golden, model), except
+# that the bundled models come first: a minute or two each, where the tiny fixtures the first tests
+# also open take 15-20 s
 AHEAD: tuple[tuple[str, str, tuple[int, ...] | None, str | None], ...] = (
     ("smollm2", "cpu", None, None),
     ("smollm2", "vulkan", None, None),
     ("gemma3-270m", "cpu", None, None),
     ("tiny-q8-q41", "cpu", None, None),
     ("tiny-q40-f16", "cpu", None, None),
-    ("tiny", "cpu", None, None),
-    ("tiny2", "cpu", None, None),
     ("tiny-qwen3-embed", "cpu", None, None),
     ("tiny-qwen3", "cpu", (1,), "mean"),
     ("tiny-fim", "cpu", None, None),
@@ -52,7 +50,6 @@ AHEAD: tuple[tuple[str, str, tuple[int, ...] | None, str | None], ...] = (
     ("tiny-llama3-ropefreqs", "cpu", None, None),
     ("tiny-llama3-ropefreqs", "vulkan", None, None),
 )
-COPIES = {"tiny": "tiny-q8-q41", "tiny2": "tiny-q8-q41"}
 
 
 def start(log: Path) -> subprocess.Popen[bytes]:
@@ -80,7 +77,7 @@ def model_path(name: str, folder: Path) -> Path:
 
     if name in BUNDLED_MODELS:
         return BUNDLED_MODELS[name]()
-    return write_fixture(FIXTURES[COPIES.get(name, name)], folder / f"{name}.gguf")
+    return write_fixture(FIXTURES[name], folder / f"{name}.gguf")
 
 
 def main() -> None:

@@ -26,19 +26,24 @@ from zinc.catalog.entries import CatalogEntry
 pytestmark = pytest.mark.e2e
 
 
+# The catalog's two models are tiny fixtures under their own names: a pulled model is saved as
+# `<id>.gguf`, so these share the artifacts the other tests compile (the cache keys by file name too).
+TINY, TINY2 = "tiny-q8-q41", "tiny-q40-f16"
+
+
 @pytest.fixture
 def home(tmp_path: Path, tiny_models: dict[str, Path]) -> Iterator[tuple[Path, FileServer]]:
-    data = tiny_models["tiny-q8-q41"].read_bytes()
-    files = FileServer({"tiny.gguf": data})
-    sha = hashlib.sha256(data).hexdigest()
+    data = {name: tiny_models[name].read_bytes() for name in (TINY, TINY2)}
+    files = FileServer({f"{name}.gguf": blob for name, blob in data.items()})
 
-    def entry(model_id: str, digest: str = sha) -> dict[str, Any]:
+    def entry(model_id: str, file: str = TINY, digest: str | None = None) -> dict[str, Any]:
         return CatalogEntry(
-            id=model_id, display_name=f"Tiny {model_id}", source=files.url("tiny.gguf"), sha256=digest,
-            size_bytes=len(data), architecture="llama", quantization="Q8_0",
+            id=model_id, display_name=f"Tiny {model_id}", source=files.url(f"{file}.gguf"),
+            sha256=digest or hashlib.sha256(data[file]).hexdigest(), size_bytes=len(data[file]),
+            architecture="llama", quantization={TINY: "Q8_0", TINY2: "Q4_0"}[file],
         ).to_json()  # fmt: skip
 
-    models = [entry("tiny"), entry("tiny2"), entry("broken", "f" * 64)]
+    models = [entry(TINY), entry(TINY2, TINY2), entry("broken", digest="f" * 64)]
     (tmp_path / "catalog.json").write_text(json.dumps({"models": models}))
     yield tmp_path, files
     files.close()
@@ -60,24 +65,24 @@ def listing(home: Path) -> dict[str, dict[str, Any]]:
 def test_model_pull_use_rm(home: tuple[Path, FileServer]) -> None:
     path, _ = home
     before = listing(path)
-    assert not before["tiny"]["installed"] and before["smollm2"]["default"]
-    pulled = zinc(path, "model", "pull", "tiny")
+    assert not before[TINY]["installed"] and before["smollm2"]["default"]
+    pulled = zinc(path, "model", "pull", TINY)
     assert pulled.returncode == 0, pulled.stderr
-    gguf = path / "models" / "tiny" / "tiny.gguf"
+    gguf = path / "models" / TINY / f"{TINY}.gguf"
     assert pulled.stdout.strip() == str(gguf) and gguf.is_file()
-    again = zinc(path, "model", "pull", "tiny")
+    again = zinc(path, "model", "pull", TINY)
     assert again.returncode == 0 and "already installed" in again.stderr
-    used = zinc(path, "model", "use", "tiny", "--no-compile")
-    assert used.returncode == 0 and "tiny is now the default model" in used.stderr, used.stderr
-    assert json.loads((path / "config.json").read_text()) == {"default_model": "tiny"}
+    used = zinc(path, "model", "use", TINY, "--no-compile")
+    assert used.returncode == 0 and f"{TINY} is now the default model" in used.stderr, used.stderr
+    assert json.loads((path / "config.json").read_text()) == {"default_model": TINY}
     table = zinc(path, "model", "list")
     rows = {
         line.split()[1] if line.startswith("*") else line.split()[0]: line
         for line in table.stdout.splitlines()[1:-1]
     }
-    assert rows["tiny"].startswith("*") and " yes " in rows["tiny"] and not rows["smollm2"].startswith("*")
+    assert rows[TINY].startswith("*") and " yes " in rows[TINY] and not rows["smollm2"].startswith("*")
     assert "not yet (gemma3)" in rows["gemma3-270m"] or " yes" in rows["gemma3-270m"]
-    removed = zinc(path, "model", "rm", "tiny")
+    removed = zinc(path, "model", "rm", TINY)
     assert removed.returncode == 0 and "default model is smollm2 again" in removed.stderr
     assert not gguf.parent.exists() and json.loads((path / "config.json").read_text()) == {}
 
@@ -87,8 +92,8 @@ def test_model_pull_use_rm(home: tuple[Path, FileServer]) -> None:
     [
         (("model", "pull", "broken"), "sha256 mismatch"),
         (("model", "pull", "../../x"), "Invalid model id"),
-        (("model", "use", "tiny2", "--no-compile"), "not installed"),
-        (("serve", "-m", "tiny2", "--device", "cpu"), "not installed"),
+        (("model", "use", TINY2, "--no-compile"), "not installed"),
+        (("serve", "-m", TINY2, "--device", "cpu"), "not installed"),
     ],
 )
 def test_model_command_errors_are_one_line(
@@ -121,9 +126,9 @@ def call(port: int, method: str, path: str, body: Any = None) -> tuple[int, Any]
 
 def test_serve_loads_the_default_and_manages_models(home: tuple[Path, FileServer]) -> None:
     path, _ = home
-    for model_id in ("tiny", "tiny2"):
+    for model_id in (TINY, TINY2):
         assert zinc(path, "model", "pull", model_id).returncode == 0
-    assert zinc(path, "model", "use", "tiny", "--no-compile").returncode == 0
+    assert zinc(path, "model", "use", TINY, "--no-compile").returncode == 0
     port = free_port()
     env = {**os.environ, "ZINC_HOME": str(path)}
     proc = subprocess.Popen(
@@ -142,19 +147,19 @@ def test_serve_loads_the_default_and_manages_models(home: tuple[Path, FileServer
             except OSError:
                 pass
             time.sleep(0.05)
-        assert health["model"] == "tiny", (statuses, proc.poll())
-        assert call(port, "POST", "/v1/models/activate", {"model": "tiny2"}) == (
-            200, {"object": "model.activation", "id": "tiny2", "active": True},
+        assert health["model"] == TINY, (statuses, proc.poll())
+        assert call(port, "POST", "/v1/models/activate", {"model": TINY2}) == (
+            200, {"object": "model.activation", "id": TINY2, "active": True},
         )  # fmt: skip
         status, out = call(port, "POST", "/v1/completions", {"prompt": "the end", "max_tokens": 2})
-        assert status == 200 and out["model"] == "tiny2"
+        assert status == 200 and out["model"] == TINY2
         status, out = call(
-            port, "POST", "/v1/completions", {"prompt": "the end", "max_tokens": 2, "model": "tiny"}
+            port, "POST", "/v1/completions", {"prompt": "the end", "max_tokens": 2, "model": TINY}
         )
-        assert status == 200 and out["model"] == "tiny"
-        status, out = call(port, "POST", "/v1/models/remove", {"model": "tiny"})
+        assert status == 200 and out["model"] == TINY
+        status, out = call(port, "POST", "/v1/models/remove", {"model": TINY})
         assert status == 409
-        status, out = call(port, "POST", "/v1/models/remove", {"model": "tiny", "force": True})
+        status, out = call(port, "POST", "/v1/models/remove", {"model": TINY, "force": True})
         assert (
             status == 200
             and out["unloaded_from_gpu"]
@@ -166,13 +171,13 @@ def test_serve_loads_the_default_and_manages_models(home: tuple[Path, FileServer
         models = call(port, "GET", "/v1/models")[1]
         assert (
             models["active_model"] is None
-            and {m["id"]: m["installed"] for m in models["data"]}["tiny"] is False
+            and {m["id"]: m["installed"] for m in models["data"]}[TINY] is False
         )
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
-    assert "Traceback" not in stderr and "switched from tiny to tiny2" in stderr
+    assert "Traceback" not in stderr and f"switched from {TINY} to {TINY2}" in stderr
 
 
 def test_chat_command_defaults_to_port_9090(tmp_path: Path) -> None:
