@@ -27,7 +27,7 @@ from zinc.model.gguf_header import Header, RawTensor, read_header
 FORMAT = "zinc-gguf-header-1"
 KEY_BYTES = 1 << 20  # the file's first MiB picks the entry; the identity check decides
 MIN_CACHED_BYTES = 1 << 20
-MAX_ENTRIES = 64
+MAX_ENTRIES = 32  # a few MiB each (Llama 3: 6 MiB)
 
 
 def cache_root() -> Path:
