@@ -18,12 +18,13 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata, resources
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from zinc import __version__
 from zinc.artifact import (
     COPY_PLANE,
     FORMAT_VERSION,
@@ -65,10 +66,7 @@ REPACKED_ARCHIVE = "weights.irpa"
 
 
 def zinc_version() -> str:
-    try:
-        return metadata.version("zinc-llm")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
+    return __version__
 
 
 @dataclass(frozen=True)

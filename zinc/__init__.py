@@ -1,1 +1,3 @@
 """zinc package."""
+
+__version__ = "0.1.0"

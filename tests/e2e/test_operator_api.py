@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from importlib.metadata import version
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import zinc
 from tests.fakes import BOS, FakeEngine
 from tests.serving import ServerThread
 
@@ -116,9 +118,9 @@ def test_apply_template_and_props(srv: ServerThread) -> None:
     props = srv.get("/props").json()
     assert props["default_generation_settings"]["n_ctx"] == 512
     assert props["total_slots"] == 1 and props["model_alias"] == "fake-model"
-    assert props["modalities"] == {"vision": False, "audio": False} and props["build_info"].startswith(
-        "zinc "
-    )
+    assert props["modalities"] == {"vision": False, "audio": False}
+    # the version zinc reports is the installed distribution's (pyproject reads it from zinc.__version__)
+    assert props["build_info"] == f"zinc {version('zinc-llm')}" == f"zinc {zinc.__version__}"
 
 
 def test_chat_page_is_served_at_root_and_chat(srv: ServerThread) -> None:

@@ -14,11 +14,11 @@ Imports: zinc.engine.{manager, types}, zinc.errors, zinc.server.*, orjson, the s
 from __future__ import annotations
 
 import time
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import orjson
 
+from zinc import __version__
 from zinc.engine.manager import EngineManager
 from zinc.engine.types import SamplingParams
 from zinc.errors import InvalidRequestError
@@ -31,11 +31,6 @@ from zinc.server.openai_request import DEFAULT_MAX_TOKENS, decode_json, parse_ch
 Json = dict[str, Any]
 
 
-def _zinc_version() -> str:
-    try:
-        return version("zinc-llm")
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def _flag(payload: Json, name: str, default: bool) -> bool:
@@ -137,7 +132,7 @@ class OperatorApi:
             "model_path": manager.model_id or None,
             "chat_template": template if isinstance(template, str) else "",
             "modalities": {"vision": False, "audio": False},
-            "build_info": f"zinc {_zinc_version()}",
+            "build_info": f"zinc {__version__}",
             "is_sleeping": False,
             "loading_model": manager.loading,
             "device": manager.stats().device,
