@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 # (model: a bundled model's name or a fixtures/make_fixtures.py fixture's), target, decode buckets
-# (None: the default), pooling; in the order a run first opens them (e2e, golden, model), except
+# (None: the default), pooling; in the order a run first opens them (unit, e2e, golden, model), except
 # that the bundled models come first: a minute or two each, where the tiny fixtures the first tests
 # also open take 15-20 s
 AHEAD: tuple[tuple[str, str, tuple[int, ...] | None, str | None], ...] = (

@@ -65,6 +65,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier:
             config.hook.pytest_deselected(items=tier)
             items[:] = [item for item in items if not item.get_closest_marker(marker)]
+    # the unit tier first: it opens few compiled models, so it keeps a core busy while
+    # tests/artifacts_ahead.py compiles the bundled models that the e2e tests open at once
+    items.sort(key=lambda item: not item.path.is_relative_to(ROOT / "tests" / "unit"))
 
 
 _AHEAD: list[subprocess.Popen[bytes]] = []
