@@ -120,7 +120,9 @@ def artifact_key(
 ) -> str:
     """The cache key of an artifact: GGUF identity, target, flags (the Vulkan GPU target's too),
     batch buckets, versions, the sources, the tensor values baked into the MLIR and the
-    operator's pooling, if any."""
+    operator's pooling, if any; on the CPU, whose artifacts hold repacked weights, a sample of the
+    weights too (`GGUFModel.weights_sample`), so two files with one header and name but other
+    weights each have an artifact of their own."""
     h = hashlib.sha256()
     for part in (
         str(FORMAT_VERSION), zinc_version(), compiler_version(), target, *_flags(target, vulkan_target),
@@ -130,7 +132,7 @@ def artifact_key(
         _baked_values(gguf), *([f"pooling={pooling}"] if pooling is not None else []),
         *([f"gemm={prefill_gemm(vulkan_target)}", f"dp4={dp4.subgroup_size(vulkan_target)}"]
           if check_target(target) == "vulkan" else []),
-        *(["cpu=" + ",".join(sorted(target_cpu_flags()))] if target == "cpu" else []),
+        *(["cpu=" + ",".join(sorted(target_cpu_flags())), f"weights={gguf.weights_sample}"] if target == "cpu" else []),
     ):  # fmt: skip
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:24]
@@ -275,6 +277,7 @@ def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep
             parameter_archives=[REPACKED_ARCHIVE] if p.archive else [],
             kv_cache=KVCacheGeometry(dtype=p.kv_dtype),
             cpu_features=sorted(p.cpu_features),
+            weights_sample=p.gguf.weights_sample if p.archive else "",
         )
         return manifest, vmfb
 

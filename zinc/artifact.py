@@ -109,6 +109,7 @@ class Manifest:
     sampling: str = "greedy token computed on the device (argmax); other samplers on the host from logits"
     files: dict[str, ArtifactFile] = field(default_factory=dict)  # every other file (set by write_artifact)
     cpu_features: list[str] = field(default_factory=list)  # CPU target: ISA features the code uses
+    weights_sample: str = ""  # with parameter archives: the GGUF's `weights_sample` they were made from
     format_version: int = FORMAT_VERSION
 
     def flag(self, prefix: str, default: str) -> str:
@@ -327,7 +328,8 @@ def _write_error(directory: Path, exc: OSError) -> ArtifactError:
 def load_manifest(directory: Path, gguf: GGUFModel | None = None, verify_vmfb: bool = True) -> Manifest:
     """Read and check an artifact: every file the manifest names is there with its size (and the
     vmfb with its sha256, unless `verify_vmfb` is false); with `gguf`, also check that it was
-    compiled from that file."""
+    compiled from that file (its header, and a sample of its weights where the artifact holds
+    weights of its own)."""
     path = directory / MANIFEST
     try:
         data = json.loads(path.read_text())
@@ -355,5 +357,10 @@ def load_manifest(directory: Path, gguf: GGUFModel | None = None, verify_vmfb: b
     ):
         raise ArtifactError(
             f"{directory} was compiled from a different GGUF than {gguf.path}; recompile with `zinc compile`"
+        )
+    if gguf is not None and manifest.weights_sample and manifest.weights_sample != gguf.weights_sample:
+        raise ArtifactError(
+            f"{directory} holds weights of a GGUF with the same header as {gguf.path} but other tensor "
+            "data (requantized or replaced since); recompile with `zinc compile`"
         )
     return manifest

@@ -110,6 +110,41 @@ def test_corrupted_and_mismatched_artifact(tmp_path: Path, tiny_models: dict[str
         load_manifest(art)
 
 
+def test_an_artifact_of_other_weights_under_the_same_header_is_rebuilt(
+    tmp_path: Path, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GGUF's identity covers its header; an artifact that holds repacked weights also records a
+    sample of the weights it was made from, so a file requantized in place (same header, same
+    name) gets a new artifact instead of the old weights."""
+    source = tiny_models["tiny-q8-q41"]
+    cache = tmp_path / "cache"
+    art = artifact_copy(source, "cpu", cache)
+    assert (art / "weights.irpa").is_file() and load_manifest(art).weights_sample == open_gguf(source).weights_sample
+    copy, changed = tmp_path / "copy" / source.name, tmp_path / "changed" / source.name
+    for path in (copy, changed):
+        path.parent.mkdir()
+        shutil.copy(source, path)
+    assert ensure_artifact(copy, "cpu", cache_dir=cache) == art  # the same file elsewhere: used
+    info = open_gguf(source).tensors["blk.0.ffn_down.weight"]
+    with changed.open("r+b") as f:  # one byte in the middle of a weight, as a requantization changes them all
+        f.seek(info.offset + info.n_bytes // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert open_gguf(changed).identity == open_gguf(source).identity  # the header cannot tell them apart
+    with pytest.raises(ArtifactError, match=r"same header .* but other tensor data"):
+        load_manifest(art, open_gguf(changed))
+    with pytest.raises(ArtifactError, match=r"same header .* but other tensor data"):
+        ModelSession(art, changed, resolve_device("cpu"))
+
+    def compile_model(*_args: object) -> Path:
+        raise RuntimeError("rebuilt")
+
+    monkeypatch.setattr("zinc.compiler.build.compile_model", compile_model)
+    with pytest.raises(RuntimeError, match="rebuilt"):
+        ensure_artifact(changed, "cpu", cache_dir=cache)
+
+
 def test_unknown_format_version(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
     art = artifact_copy(tiny_models["tiny-q8-q41"], "cpu", tmp_path)
     data = json.loads((art / MANIFEST).read_text())

@@ -1,7 +1,8 @@
 """fixtures.refill: a GGUF re-created from its header alone (metadata and tensor index) and seeds.
 
 The refilled file must have the original's size and header bytes (so zinc's identity, and any
-artifact compiled for the original, match), write_model's exact bytes for a spec in SPECS, and
+Vulkan artifact compiled for the original, match: a CPU artifact, which holds the original's
+repacked weights, keys by a sample of them too), write_model's exact bytes for a spec in SPECS, and
 weights that dequantize to the planned std for any other GGUF (the bundled SmolLM2 Q4_1).
 """
 

