@@ -4,7 +4,8 @@ vocabulary back in one `marshal.loads` instead of parsing it string by string.
 Owns: `cache_root()` ($ZINC_CACHE, default ~/.cache/zinc: compiled artifacts, real-shape models,
 these headers) and `header_and_identity(path, size)`. Llama 3's header (128k tokens, 280k merges)
 parses in 0.3 s on a 2-core host and loads from its entry in 0.06 s; a header under
-`MIN_CACHED_BYTES` (a vocabulary of a few thousand tokens) is parsed every time.
+`MIN_CACHED_BYTES` (1 MiB: up to some tens of thousands of tokens, a few tens of ms to parse) is
+parsed every time.
 An entry is `headers/<key>.marshal`, found by the file's size and first MiB, holding the parsed
 header and the sha256 of the file's size and header bytes (the GGUF identity). It is used only
 when the file's header bytes hash to that identity, so an edited or replaced file is parsed again,

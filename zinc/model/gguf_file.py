@@ -58,8 +58,8 @@ class GGUFModel:
     def weights_sample(self) -> str:
         """A sha256 over 64 bytes at the start, middle and end of every tensor's data. The identity
         covers the header only, so a file whose weights changed under the same header (requantized
-        in place, another fine-tune saved under the same name) keeps it; an artifact that holds
-        weights of its own (repacked, copied) records this too and is rebuilt when it differs."""
+        in place, another fine-tune saved under the same name) keeps it; a CPU artifact, which
+        holds weights of its own (repacked, copied), is keyed by this as well and records it."""
         digest = hashlib.sha256()
         try:
             fd = os.open(self.path, os.O_RDONLY)

@@ -31,8 +31,6 @@ from zinc.server.openai_request import DEFAULT_MAX_TOKENS, decode_json, parse_ch
 Json = dict[str, Any]
 
 
-
-
 def _flag(payload: Json, name: str, default: bool) -> bool:
     value = payload.get(name, default)
     if not isinstance(value, bool):

@@ -36,12 +36,12 @@ class Engine(Protocol):
 def _gpt2_merges(vocab: Vocab) -> list[tuple[str, str]]:
     """The file's merges split at the first space after the first character. The collector is
     paused meanwhile: Llama 3's 280k new pairs would start hundreds of collections, a third of the time."""
-    paused = gc.isenabled()
+    enabled = gc.isenabled()
     gc.disable()
     try:
         return [(m[:pos], m[pos + 1 :]) for m in vocab.merges if (pos := m.find(" ", 1)) > 0]
     finally:
-        if paused:
+        if enabled:
             gc.enable()
 
 
