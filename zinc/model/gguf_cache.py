@@ -86,6 +86,7 @@ def _store(entry: Path, header: Header, identity: str) -> None:
         entry.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=entry.parent, prefix=".", suffix=".tmp")
         try:
+            os.fchmod(fd, 0o644)  # readable by whoever shares the cache, as the artifacts are (mkstemp: 0600)
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
             os.replace(tmp, entry)
