@@ -22,6 +22,7 @@ import marshal
 import os
 import tempfile
 from pathlib import Path
+from typing import BinaryIO
 
 from zinc.model.gguf_header import Header, RawTensor, read_header
 
@@ -42,22 +43,23 @@ def header_and_identity(path: Path, size: int) -> tuple[Header, str]:
         head = f.read(KEY_BYTES)
         entry = _entry(hashlib.sha256(b"%d:" % size + head).hexdigest()[:40])
         cached = _load(entry)
-        if cached is not None:
-            header, identity = cached
-            f.seek(0)
-            if _identity(size, f.read(header.data_offset)) == identity:
-                return header, identity
-    header = read_header(path)
-    with path.open("rb") as f:
-        identity = _identity(size, f.read(header.data_offset))
+        if cached is not None and _identity(size, head, f, cached[0].data_offset) == cached[1]:
+            return cached
+        header = read_header(path)
+        identity = _identity(size, head, f, header.data_offset)
     if header.data_offset >= MIN_CACHED_BYTES:
         _store(entry, header, identity)
     return header, identity
 
 
-def _identity(size: int, header_bytes: bytes) -> str:
+def _identity(size: int, head: bytes, f: BinaryIO, data_offset: int) -> str:
+    """The sha256 of the file's size and its first `data_offset` bytes: `head` (the file's first
+    bytes, already read) and what follows it from `f`."""
     digest = hashlib.sha256(str(size).encode())
-    digest.update(header_bytes)
+    digest.update(head[:data_offset])
+    if data_offset > len(head):
+        f.seek(len(head))
+        digest.update(f.read(data_offset - len(head)))
     return digest.hexdigest()
 
 
