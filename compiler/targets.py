@@ -4,7 +4,7 @@ Owns: the table of iree-compile flags per target (`cpu` = llvm-cpu, `vulkan` = S
 the llvm-cpu code is for (`cpu_target`: this host, or a portable x86-64 level, and the features
 it may use), the Vulkan GPU targets (IREE's `--iree-vulkan-target` names, and `vulkan_target_for`,
 which maps a device's vendor, name and features to one) and `compile_mlir`, which turns MLIR text
-into vmfb bytes with a clear error.
+into vmfb bytes with a clear error (a launch that fails for a passing reason is tried again).
 Imports: iree.compiler (only inside `compile_mlir`: importing it maps about 60 MB of compiler
 library, which serving a cached artifact never needs), zinc.artifact (PREFILL_ROWS), zinc.errors,
 zinc.runtime.{cpu_flags, vulkan_probe} (stdlib only: the CPU's features, the GPU's properties).
@@ -13,9 +13,11 @@ zinc.runtime.{cpu_flags, vulkan_probe} (stdlib only: the CPU's features, the GPU
 from __future__ import annotations
 
 import ast
+import errno
 import importlib.util
 import os
 import re
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -91,17 +93,30 @@ def compiler_version() -> str:
     return "unknown"
 
 
+# A launch that fails for want of memory or processes, or on a binary briefly held open for
+# writing by a process forked meanwhile, is tried again: a short pause lets the pressure pass.
+LAUNCH_TRANSIENT = frozenset({errno.EAGAIN, errno.ENOMEM, errno.ETXTBSY, errno.EINTR})
+LAUNCH_TRIES = 3
+LAUNCH_PAUSE_S = 0.5
+
+
 def compile_mlir(text: str, target: str, extra_flags: tuple[str, ...] = ()) -> bytes:
     """Compile MLIR text for `target`; a compiler failure becomes a `CompileError`."""
     from iree.compiler import CompilerToolError, compile_str  # here, not at the top: see the docstring
 
     flags = [*target_flags(target), *extra_flags]
-    try:
-        out = compile_str(text, extra_args=flags)
-    except CompilerToolError as exc:
-        lines = [ln for ln in str(exc).splitlines() if "error:" in ln][:3]
-        detail = " | ".join(ln.strip() for ln in lines) or str(exc).splitlines()[0]
-        raise CompileError(f"iree-compile failed for target {target}: {detail}") from exc
+    for attempt in range(1, LAUNCH_TRIES + 1):
+        try:
+            out = compile_str(text, extra_args=flags)
+            break
+        except CompilerToolError as exc:
+            lines = [ln for ln in str(exc).splitlines() if "error:" in ln][:3]
+            detail = " | ".join(ln.strip() for ln in lines) or str(exc).splitlines()[0]
+            raise CompileError(f"iree-compile failed for target {target}: {detail}") from exc
+        except OSError as exc:  # the process did not start: its fork or exec failed
+            if exc.errno not in LAUNCH_TRANSIENT or attempt == LAUNCH_TRIES:
+                raise CompileError(f"iree-compile could not start: {exc.strerror or exc}") from exc
+            time.sleep(LAUNCH_PAUSE_S * attempt)
     if not isinstance(out, bytes):
         raise CompileError("iree-compile returned no module")
     return out
