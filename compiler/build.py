@@ -6,7 +6,9 @@ MLIR; a broken or partly written cache entry is rebuilt, never trusted; one proc
 entry while others wait for it, zinc.artifact.artifact_lock; a read-only cache, shared by
 machines that compile nothing, is only read: a missing entry there is a clear error, as it is
 with ZINC_NO_COMPILE=1). The cache's location is zinc.model.gguf_cache.cache_root.
-Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors.
+Imports: zinc.compiler.*, zinc.model, zinc.artifact, zinc.errors, zinc.runtime.archive. The MLIR
+generator (zinc.compiler.llama, graph, emitter, embed) only inside the functions that compile:
+finding a cached artifact, every start's path, needs the cache key's modules only.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import numpy as np
 from zinc import __version__
 from zinc.artifact import (
     COPY_PLANE,
+    DEFAULT_BATCH_SIZES,
     FORMAT_VERSION,
     MANIFEST,
     KVCacheGeometry,
@@ -37,10 +40,7 @@ from zinc.artifact import (
     sha256_bytes,
     write_artifact,
 )
-from zinc.compiler import dot8, dot8_layout, dp4, llama
-from zinc.compiler.embed import pools
-from zinc.compiler.emitter import LAYOUTS
-from zinc.compiler.graph import DEFAULT_BATCH_SIZES, entry_points
+from zinc.compiler import dot8, dot8_layout, dp4
 from zinc.compiler.kernels import QuantType
 from zinc.compiler.targets import (
     GENERIC,
@@ -180,6 +180,8 @@ def plan(
 ) -> Plan:
     """What to build; `pooling` overrides the GGUF's `{arch}.pooling_type` (an `embed` entry for
     a model that declares none)."""
+    from zinc.compiler import llama  # here: the MLIR generator, which finding a cached artifact never needs
+
     gguf = open_gguf(gguf_path)
     desc = with_pooling(describe(gguf), pooling)
     buckets = batch_buckets(batch_sizes)
@@ -231,6 +233,8 @@ def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any], int]]
     """Each repacked weight's planes, in chunks of `REPACK_ROWS` rows, with each plane's whole
     size: every layout keeps its groups of rows apart (a plane is row-group major), so the chunks
     of a plane follow each other, and as the chunks are equal, a plane is n / step of them."""
+    from zinc.compiler.emitter import LAYOUTS
+
     weights = list(p.repacked.items())
     for i, (name, (sources, q, n, k, layout)) in enumerate(weights):
         if i + 1 < len(weights):  # the next weight's bytes read from disk while this one is repacked
@@ -248,6 +252,9 @@ def _repacked_planes(p: Plan) -> Iterator[tuple[str, np.ndarray[Any, Any], int]]
 def compile_model(p: Plan, out_dir: Path, progress: Progress | None = None, keep_ir: bool = False) -> Path:
     """Compile `p` into `out_dir`. iree-compile (a subprocess) runs on a thread of its own while
     this one repacks the weights: each keeps one core busy, and neither needs the other's output."""
+    from zinc.compiler.embed import pools
+    from zinc.compiler.graph import entry_points
+
     say = progress or (lambda _msg: None)
     desc = with_pooling(describe(p.gguf), p.pooling)
     gpu = f" ({p.vulkan_target})" if p.target == "vulkan" else ""

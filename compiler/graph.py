@@ -57,19 +57,19 @@ slab and the rows hold f16 values: f16 on the CPU, two to an i32 word on Vulkan 
 manifest's `kv_cache.dtype`, ModuleEmitter.kv_dtype; zinc.compiler.paged). Each residual add
 that a norm follows is handed to that norm (`Body.add_rmsnorm`: one dispatch on the CPU): the
 attention's to ffn_norm, and a layer's FFN output to the next layer's attn_norm.
-Imports: zinc.compiler.emitter, zinc.compiler.paged, zinc.compiler.kernels,
-zinc.compiler.kv_prefetch, zinc.model.hparams.
+Imports: zinc.artifact (DEFAULT_BATCH_SIZES), zinc.compiler.emitter, zinc.compiler.paged,
+zinc.compiler.kernels, zinc.compiler.kv_prefetch, zinc.model.hparams.
 """
 
 from __future__ import annotations
 
+from zinc.artifact import DEFAULT_BATCH_SIZES
 from zinc.compiler import paged
 from zinc.compiler.emitter import NO_WINDOW, Body, ModuleEmitter
 from zinc.compiler.kernels import QuantType, quant_type
 from zinc.compiler.kv_prefetch import KvPrefetch
 from zinc.model.hparams import HParams, ModelDescription
 
-DEFAULT_BATCH_SIZES = (1, 4, 8)
 ENTRY_POINTS = ("prefill", "prefill_kv", "kv_write")  # and decode_entry(B) for each batch size
 
 

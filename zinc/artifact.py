@@ -52,6 +52,7 @@ from zinc.model.hparams import HParams
 FORMAT_VERSION = 7
 MANIFEST = "manifest.json"
 HASH_BLOCK_BYTES = 8 << 20
+DEFAULT_BATCH_SIZES = (1, 4, 8)  # the decode buckets (decode_b{B} entry points) an artifact has unless asked
 PREFILL_ROWS = 128  # prompt tokens per prefill call (a Vulkan GPU target's prefill pads its chunk to it)
 # an .irpa entry `<tensor>.gguf` holds a GGUF tensor's bytes unchanged, at an offset IREE maps in place
 COPY_PLANE = "gguf"
