@@ -368,6 +368,9 @@ def test_duplicate_empty_and_unmapped_token_texts() -> None:
     assert vocab.tokens[260] == "[EMPTY_260]" and vocab.ids["[EMPTY_260]"] == 260
     vocab = load_vocab(_tiny_gpt2(**{"tokenizer.ggml.tokens": [*tokens[:257], "Ġ日", *tokens[258:]]}))
     assert vocab.pieces[257] == " 日".encode() and vocab.pieces[256] == b" h" and vocab.pieces[258] == b"<|im_end|>"
+    # a character below U+0100 that is not in the map (a raw space) takes the same slow path
+    vocab = load_vocab(_tiny_gpt2(**{"tokenizer.ggml.tokens": [*tokens[:257], "Ġa b", *tokens[258:]]}))
+    assert vocab.pieces[257] == b" a b" and vocab.pieces[256] == b" h" and vocab.pieces[258] == b"<|im_end|>"
 
 
 def test_bad_ids_and_odd_text(model: tuple[str, Tokenizer]) -> None:
