@@ -37,7 +37,8 @@ class UnsupportedModelError(ZincError):
 
 
 class CompileError(ZincError):
-    """iree-compile rejected the generated program (a zinc bug, reported with context)."""
+    """iree-compile rejected the generated program (a zinc bug, reported with context), or could
+    not be started (its fork or exec refused, after the retries of a passing refusal)."""
 
 
 class ArtifactError(ZincError):
