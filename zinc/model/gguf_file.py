@@ -65,7 +65,7 @@ class GGUFModel:
             fd = os.open(self.path, os.O_RDONLY)
             try:
                 for t in self.tensors.values():
-                    for at in sorted({0, max(0, t.n_bytes // 2 - 32), max(0, t.n_bytes - SAMPLE_BYTES)}):
+                    for at in sorted({0, max(0, t.n_bytes // 2 - SAMPLE_BYTES // 2), max(0, t.n_bytes - SAMPLE_BYTES)}):
                         digest.update(os.pread(fd, min(SAMPLE_BYTES, t.n_bytes), t.offset + at))
             finally:
                 os.close(fd)

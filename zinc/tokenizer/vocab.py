@@ -212,15 +212,13 @@ def _pieces(model: str, tokens: list[str], kinds: list[int]) -> list[bytes]:
     """Every token's piece, as `_decode_piece` gives it, with the normal tokens' common case
     written inline (a call per token took most of the time a 262k vocabulary took to load), and
     a byte-level vocabulary's mapped in one pass (`_byte_level_pieces`)."""
-    pairs = zip(tokens, kinds, strict=True)
     if model == "llama":
+        pairs = zip(tokens, kinds, strict=True)
         return [t.replace(SPM_SPACE, " ").encode() if k == NORMAL else _decode_piece(model, t, k) for t, k in pairs]
-    others = [i for i, k in enumerate(kinds) if k != NORMAL]
-    texts = tokens
-    if others:
-        texts = list(tokens)
-        for i in others:
-            texts[i] = ""
+    others = [i for i, k in enumerate(kinds) if k != NORMAL]  # mapped one by one below
+    texts = list(tokens) if others else tokens
+    for i in others:
+        texts[i] = ""
     pieces = _byte_level_pieces(texts)
     if pieces is None:  # a normal token with a character outside GPT-2's byte map
         return [_decode_piece(model, t, k) for t, k in zip(tokens, kinds, strict=True)]
