@@ -209,7 +209,7 @@ def render(data: Json, title: str = SECTION) -> str:
         "llama.cpp (memory: llama.cpp over zinc, so above 1 is better for zinc everywhere). Both decode after "
         "128 cached positions (llama-bench `-d 128`). zinc's decode steps run "
         "chained, as `zinc serve` runs them (each enqueued before the one before it is read). The ceiling is the read "
-        f"bandwidth ({THREADS} threads, numpy sums, best of 3) over the bytes a token reads; the host's bandwidth "
+        f"bandwidth ({THREADS} threads, numpy's sum or max, the faster, best of 3) over the bytes a token reads; the host's bandwidth "
         f"drifts ({data['bandwidth_gbps']:.1f} GB/s at the start of this run), so it is measured before each of "
         "the runs, zinc's and llama.cpp's, and the ceiling is at the median of those measurements.",
         "",
