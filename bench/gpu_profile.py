@@ -37,17 +37,18 @@ def tool(name: str) -> str:
     return str(Path(next(iter(spec.submodule_search_locations))) / name)
 
 
-def decode_inputs(hp: Json, position: int, kv_dtype: str = "f16x2") -> list[str]:
-    """decode_b1's arguments: the slab [slots, L, 2, Hkv, hd] as the manifest's `kv_cache.dtype`
-    stores it (f16x2: hd / 2 i32 words), the token, its position, its slots."""
+def decode_inputs(hp: Json, position: int, kv_dtype: str = "f16x2", batch: int = 1) -> list[str]:
+    """decode_b{batch}'s arguments: the slab [slots, L, 2, Hkv, hd] as the manifest's
+    `kv_cache.dtype` stores it (f16x2: hd / 2 i32 words), and per row its token, its position
+    and its slots (every row at `position`, its slots all 0)."""
     hd = hp["key_length"]
     width, element = (hd // 2, "i32") if kv_dtype == "f16x2" else (hd, kv_dtype)
     slab = f"{SLOTS}x{hp['block_count']}x2x{hp['head_count_kv']}x{width}x{element}=0"
     return [
         f"--input={slab}",
-        "--input=1xi32=100",
-        f"--input=1xi32={position}",
-        f"--input=1x{position + 1}xi32=0",
+        f"--input={batch}xi32=100",
+        f"--input={batch}xi32={position}",
+        f"--input={batch}x{position + 1}xi32=0",
     ]
 
 
