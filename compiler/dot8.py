@@ -33,7 +33,7 @@ from string import Template
 import numpy as np
 
 from zinc.compiler import kv_prefetch
-from zinc.compiler.dot8_layout import DOT8_TYPES, F32_SCALES, G, lanes, vnni
+from zinc.compiler.dot8_layout import DOT8_TYPES, F32_SCALES, SUPER_BLOCK, G, lanes, vnni
 from zinc.compiler.dot8_layout import plane_types as plane_types
 from zinc.compiler.dot8_layout import repack as repack
 from zinc.compiler.kernels import QuantType, template
@@ -439,6 +439,32 @@ def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
     return "\n          ".join(lines)
 
 
+def _q4_k_scales(v: int) -> tuple[str, str]:
+    """Q4_K's lines for the v rows' scale `%dw` and minimum `%mw` of block %b: the byte of each
+    (`sc`) times the super-block's d or -dmin (f16 bits, one per 8 blocks), exact in f32."""
+    f16 = []
+    for plane, out in (("%wd", "%dsup"), ("%wm", "%msup")):
+        f16 += [
+            *_group_load(f"{out}bits", plane, "%b8, %c0", "${DS}", "8xi16", v),
+            f"{out}h = arith.bitcast {out}bits : vector<{v}xi16> to vector<{v}xf16>",
+            f"{out} = arith.extf {out}h : vector<{v}xf16> to vector<{v}xf32>",
+        ]
+    dscale = [
+        "%c3q = arith.constant 3 : index",
+        "%b8 = arith.shrui %b, %c3q : index",
+        *f16,
+        *_group_load("%scd", "%wsc", "%b, %c0, %c0", "${SC}", "8xi8", v),
+        f"%scdf = arith.sitofp %scd : vector<{v}xi8> to vector<{v}xf32>",
+        f"%dw = arith.mulf %scdf, %dsup : vector<{v}xf32>",
+    ]
+    mscale = [
+        *_group_load("%scm", "%wsc", "%b, %c1, %c0", "${SC}", "8xi8", v),
+        f"%scmf = arith.sitofp %scm : vector<{v}xi8> to vector<{v}xf32>",
+        f"%mw = arith.mulf %scmf, %msup : vector<{v}xf32>",
+    ]
+    return "\n          ".join(dscale), "\n          ".join(mscale)
+
+
 def _args(q: QuantType, n: int, k: int) -> str:
     return ", ".join(f"%w_{p}: {t}" for p, t in plane_types(q, n, k).items())
 
@@ -485,7 +511,9 @@ def _render(
             f"%m48 = arith.constant dense<48> : vector<{4 * v}xi8>",
             f"%c2v = arith.constant dense<2> : vector<{4 * v}xi8>",
         ])  # fmt: skip
-    elif q.name in ("Q4_1", "Q4_K"):
+    elif q.name == "Q4_K":  # the block's scale d * sc and minimum -dmin * m, d and dmin per 256
+        dscale, mscale = _q4_k_scales(v)
+    elif q.name == "Q4_1":
         mscale = _scale_load(q, "%wm", "%mw", v)
     elif q.name == "Q4_0":
         mscale = f"%mw = arith.mulf %dw, %m8 : vector<{v}xf32>"
@@ -506,7 +534,7 @@ def _render(
     scale = "f32" if q.name in F32_SCALES else "i16"
     shapes = {  # the planes (a pair of groups per unit where v = 16, see dot8_layout `_pair`)
         "QS": f"{units}x{b}x{loads}x{4 * v}xi8",
-        "DS": f"{units}x{b // 8}x{v}x{scale}" if q.name == "Q6_K" else f"{units}x{b}x{v}x{scale}",
+        "DS": f"{units}x{b // 8}x{v}x{scale}" if q.name in SUPER_BLOCK else f"{units}x{b}x{v}x{scale}",
         "HB": f"{units}x{b}x2x{4 * v}xi8",
         "SC": f"{units}x{b}x2x{v}xi8",
         "XQ": f"{xr if apart else r}x{b}x32xi8",

@@ -4,7 +4,7 @@
 // CPU runtime spreads workgroups over its threads along x): workgroup id = group chunk * tiles +
 // tile, so neighbouring workgroups read the same weights from cache. W is in groups of 8 rows,
 // each 32-byte load holding 4 consecutive bytes of each of the 8 rows; d (and m) are f16 bits
-// (f32 for Q4_K, whose 32-blocks' scales are products of two GGUF fields) [groups, blocks, 8];
+// [groups, blocks, 8] (Q4_K's one per 256 weights, times a byte per block in SC; Q6_K's f32);
 // Q5_0's fifth bits are one i32 word per load and nibble half [groups, blocks, 4, 2] (QH), OR-ed
 // into the nibbles as 16 before the multiply. Each workgroup takes PER_WG groups and one tile: it quantizes the tile's x
 // per 32-block to int8 (d_x = max|x| / 127, q = round-to-even(x * (127 / max|x|)) with vcvtps2dq, s_x = d_x * sum q), then

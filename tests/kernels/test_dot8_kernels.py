@@ -128,8 +128,10 @@ def test_dot8_kernels_match_dequantize(
     for n, k, raw in weights(qtype, rng):
         ref_w = quants.dequantize(raw, GGMLQuantizationType[qtype]).astype(np.float64)
         planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
-        if q.block == 32:  # a byte shuffle, same size (Q4_K: f32 scale and min per 32 weights)
+        if q.block == 32:  # a byte shuffle, same size
             assert sum(p.nbytes for p in planes.values()) == raw.nbytes
+        if qtype == "Q4_K":  # a byte of scale and of minimum per 32 weights: 148 bytes per 144 of GGUF
+            assert sum(p.nbytes for p in planes.values()) * 144 == raw.nbytes * 148
         if qtype == "Q5_0":  # the quantized floats use every fifth-bit value and quant 0..31
             qh = raw.reshape(n, k // 32, 22)[:, :, 2:6].copy().view("<u4")
             assert 0 < np.unpackbits(qh.view(np.uint8)).mean() < 1
