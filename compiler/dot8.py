@@ -1,4 +1,4 @@
-"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K.
+"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
 
 Owns the kernels that read the grouped weight layout of zinc.compiler.dot8_layout (which this
 module's `plane_types` and `repack` are, as zinc.compiler.emitter's `WeightLayout` asks of it):
@@ -8,7 +8,7 @@ module's `plane_types` and `repack` are, as zinc.compiler.emitter's `WeightLayou
     and the block sum for the types with a minimum or offset, as llama.cpp's Q8_1 / Q8_0), then multiplies
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics; `vpdpbusd` where the host has AVX-VNNI or
     AVX-512 VNNI, see dot8_layout `vnni()`), 8 output rows per vector, scales in f32
-    (Q5_0: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
+    (Q5_0 and Q5_K: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
     1 << row and a compare, then OR-ed into the nibbles as 16). Over a weight dot8_layout
     `paired` every kernel, one token's too, reads 16 output rows per `vpdpbusd` with single
     512-bit loads (`lanes`, `wide_enabled()`): half the instructions per product, and no shuffle
@@ -33,7 +33,7 @@ from string import Template
 import numpy as np
 
 from zinc.compiler import kv_prefetch
-from zinc.compiler.dot8_layout import DOT8_TYPES, F32_SCALES, SUPER_BLOCK, G, lanes, vnni
+from zinc.compiler.dot8_layout import DOT8_TYPES, F32_SCALES, FIFTH_BIT, SUPER_BLOCK, G, lanes, vnni
 from zinc.compiler.dot8_layout import plane_types as plane_types
 from zinc.compiler.dot8_layout import repack as repack
 from zinc.compiler.kernels import QuantType, template
@@ -157,7 +157,7 @@ def _avx2_sums(q: QuantType, r: int) -> tuple[list[str], str, str]:
         return lines, half_sums[0], half_sums[1]
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
-    five = q.name == "Q5_0"
+    five = q.name in FIFTH_BIT
     first = ""
     acc = ""
     halves = [(s, s, f"lo{s}") for s in range(4)] + [(s, 4 + s, f"hi{s}") for s in range(4)]
@@ -237,7 +237,7 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
     vb, vi, vf = f"vector<{4 * v}xi8>", f"vector<{v}xi32>", f"vector<{v}xf32>"
     four = DOT8_TYPES[q.name] == 4
     halves16 = q.name == "Q6_K"
-    five = q.name == "Q5_0"
+    five = q.name in FIFTH_BIT
     lines += _prefetch_lines(q, v)
     for s in range(DOT8_TYPES[q.name]):
         lines += _group_load(f"%w{s}", "%wq", f"%b, %c{s}, %c0", "${QS}", "32xi8", v)
@@ -439,9 +439,21 @@ def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
     return "\n          ".join(lines)
 
 
+def _fifth_bit_consts(v: int) -> list[str]:
+    """The constants that OR the fifth bits into Q5_0's and Q5_K's nibbles (`_load_lines`):
+    byte 4r + i of a vector tests bit r of its word."""
+    bitr = ", ".join(str(np.int8(np.uint8(1 << (i % 32 // 4)))) for i in range(4 * v))
+    return [
+        f"%bitr = arith.constant dense<[{bitr}]> : vector<{4 * v}xi8>",
+        f"%c16v = arith.constant dense<16> : vector<{4 * v}xi8>",
+        f"%c0v = arith.constant dense<0> : vector<{4 * v}xi8>",
+    ]
+
+
 def _q4_k_scales(v: int) -> tuple[str, str]:
-    """Q4_K's lines for the v rows' scale `%dw` and minimum `%mw` of block %b: the byte of each
-    (`sc`) times the super-block's d or -dmin (f16 bits, one per 8 blocks), exact in f32."""
+    """Q4_K's and Q5_K's lines for the v rows' scale `%dw` and minimum `%mw` of block %b: the
+    byte of each (`sc`) times the super-block's d or -dmin (f16 bits, one per 8 blocks), exact
+    in f32."""
     f16 = []
     for plane, out in (("%wd", "%dsup"), ("%wm", "%msup")):
         f16 += [
@@ -511,20 +523,19 @@ def _render(
             f"%m48 = arith.constant dense<48> : vector<{4 * v}xi8>",
             f"%c2v = arith.constant dense<2> : vector<{4 * v}xi8>",
         ])  # fmt: skip
-    elif q.name == "Q4_K":  # the block's scale d * sc and minimum -dmin * m, d and dmin per 256
+    elif q.name in ("Q4_K", "Q5_K"):  # the block's scale d * sc and minimum -dmin * m, d and dmin per 256
         dscale, mscale = _q4_k_scales(v)
+        if q.name == "Q5_K":
+            mscale = "\n          ".join([mscale, *_fifth_bit_consts(v)])
     elif q.name == "Q4_1":
         mscale = _scale_load(q, "%wm", "%mw", v)
     elif q.name == "Q4_0":
         mscale = f"%mw = arith.mulf %dw, %m8 : vector<{v}xf32>"
     elif q.name == "Q5_0":  # -16 d, and the constants that add the fifth bits
-        bitr = ", ".join(str(np.int8(np.uint8(1 << (i % 32 // 4)))) for i in range(4 * v))
         mscale = "\n          ".join([
             f"%m16 = arith.constant dense<-16.0> : vector<{v}xf32>",
             f"%mw = arith.mulf %dw, %m16 : vector<{v}xf32>",
-            f"%bitr = arith.constant dense<[{bitr}]> : vector<{4 * v}xi8>",
-            f"%c16v = arith.constant dense<16> : vector<{4 * v}xi8>",
-            f"%c0v = arith.constant dense<0> : vector<{4 * v}xi8>",
+            *_fifth_bit_consts(v),
         ])  # fmt: skip
     else:
         mscale = ""

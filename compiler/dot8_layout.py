@@ -5,7 +5,8 @@ Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_
 (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a group side by side, 4
 bytes of each row at a time; Q5_0's fifth bits re-ordered into one 32-bit word per load and nibble
 half, see `_q5_0_fifth_bits`; Q4_K into Q4_1-like 32-blocks, their 6-bit scales and minimums a byte
-each and the super-block's d and dmin, 148 bytes a super-block to GGUF's 144, `_repack_q4_k`; Q6_K
+each and the super-block's d and dmin, 148 bytes a super-block to GGUF's 144, `_repack_q4_k`; Q5_K
+the same with Q5_0's fifth-bit words, 180 bytes to GGUF's 176, `_repack_q5_k`; Q6_K
 into Q4_0-like nibbles, their 2-bit highs beside them, int8 scales per 16 and the super-block's d,
 as many bytes as GGUF's, `_repack_q6_k`). On a host with AVX-512 VNNI a weight whose groups pair up is repacked
 with each pair side by side (`paired`, `_pair`: 64 bytes per load, 16 scales), and every kernel
@@ -26,18 +27,19 @@ from zinc.compiler.targets import target_cpu_flags
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
 # type -> 32-byte loads per block
-DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q6_K": 4}
+DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q5_K": 4, "Q6_K": 4}
+FIFTH_BIT = ("Q5_0", "Q5_K")  # nibbles plus a fifth bit from a `qh` plane (`_q5_0_fifth_bits`)
 # scale planes in f32: Q6_K's super-block d (one per 256 weights; its int8 scales per 16 weights
-# are a plane `sc` of their own). Q4_K's d and dmin per 256 stay f16 bits, its scales and
-# minimums per 32 a byte each (`sc`).
+# are a plane `sc` of their own). Q4_K's and Q5_K's d and dmin per 256 stay f16 bits, their
+# scales and minimums per 32 a byte each (`sc`).
 F32_SCALES = ("Q6_K",)
-SUPER_BLOCK = ("Q4_K", "Q6_K")  # types whose `d` (and Q4_K's `m`) plane has one scale per 256 weights
+SUPER_BLOCK = ("Q4_K", "Q5_K", "Q6_K")  # types whose `d` (and Q4_K's `m`) plane has one scale per 256 weights
 # the types with a 512-bit form: all. Q8_0 reads twice the bytes per product and was left out
 # while the quants were prefetched into L1 (two groups' streams at once, as they were before the
 # planes held a pair side by side, made SmolLM2's output head in a batch of 4 slower, 785 -> 900
 # us); prefetched into L2, its wide form is no slower for 4 rows and faster for 8: SmolLM2's step
 # 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
-WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
+WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
@@ -96,11 +98,11 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
     [n/8, k/32, 8 rows] as f16 bits, and the same again for the minimums of Q4_1 (`m`); Q4_K's
-    (`_repack_q4_k`) d and -dmin [n/8, k/256, 8 rows] as f16 bits and its 6-bit scale and
-    minimum of each 32-block `sc` [n/8, k/32, 2, 8 rows] as bytes; Q6_K's (`_repack_q6_k`) 2-bit
+    and Q5_K's (`_repack_q4_k`) d and -dmin [n/8, k/256, 8 rows] as f16 bits and the 6-bit scale
+    and minimum of each 32-block `sc` [n/8, k/32, 2, 8 rows] as bytes; Q6_K's (`_repack_q6_k`) 2-bit
     highs `hb`, int8 scales `sc` [n/8, k/32, 2 halves, 8 rows] and super-block d
     [n/8, k/256, 8 rows] in f32; Q5_0's fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as
-    i32 words. A `paired` weight has n/16 pairs of 16 rows where these have n/8 groups of 8
+    i32 words (Q5_K's too). A `paired` weight has n/16 pairs of 16 rows where these have n/8 groups of 8
     (`qh` stays per group)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     scale = "f32" if q.name in F32_SCALES else "i16"
@@ -108,13 +110,13 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     out = {"qs": f"tensor<{units}x{b}x{loads}x{v}x4xi8>", "d": f"tensor<{units}x{b}x{v}x{scale}>"}
     if q.name in SUPER_BLOCK:
         out["d"] = f"tensor<{units}x{b // 8}x{v}x{scale}>"
-    if q.name in ("Q4_1", "Q4_K"):
+    if q.name in ("Q4_1", "Q4_K", "Q5_K"):
         out["m"] = out["d"]
     if q.name == "Q6_K":  # 2-bit highs [.., 2 loads, rows, 4 bytes]
         out["hb"] = f"tensor<{units}x{b}x2x{v}x4xi8>"
     if q.name in SUPER_BLOCK:  # per 32-block: Q4_K's scale and minimum, Q6_K's scale of each half
         out["sc"] = f"tensor<{units}x{b}x2x{v}xi8>"
-    if q.name == "Q5_0":
+    if q.name in FIFTH_BIT:
         out["qh"] = f"tensor<{ng}x{b}x4x2xi32>"
     return out
 
@@ -123,8 +125,8 @@ def repack(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, A
     """The planes of one GGUF tensor (`raw`: its bytes). For the 32-weight block types a byte
     shuffle (scales stay f16 bits, sizes equal GGUF's); K-quants are unpacked, see below. A
     `paired` weight's planes hold each pair of groups side by side (`_pair`)."""
-    if q.name == "Q4_K":
-        planes = _repack_q4_k(raw, n, k)
+    if q.name in ("Q4_K", "Q5_K"):
+        planes = _repack_q4_k(raw, n, k, q.name == "Q5_K")
     elif q.name == "Q6_K":
         planes = _repack_q6_k(raw, n, k)
     else:
@@ -189,19 +191,22 @@ def _group(qs: np.ndarray[Any, Any], ng: int, b: int, loads: int) -> np.ndarray[
     return np.ascontiguousarray(grouped).view(np.int8)
 
 
-def _repack_q4_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
+def _repack_q4_k(raw: U8, n: int, k: int, five: bool = False) -> dict[str, np.ndarray[Any, Any]]:
     """Q4_K super-blocks (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins, 128 bytes of
     nibbles: chunk c of 64 weights is 32 bytes, low nibbles first) as Q4_1-like 32-blocks:
     nibbles re-paired (byte i = element i | element 16 + i << 4, `qs`), each 32-block's 6-bit
     scale sc and minimum m a byte each (`sc`), and the super-block's d and -dmin as f16 bits (`d`,
     `m`): 148 bytes where GGUF has 144 (a decode step reads every one). The kernel's scale
-    d * sc and minimum -dmin * m are exact products in f32."""
+    d * sc and minimum -dmin * m are exact products in f32. With `five`, Q5_K's (the same fields
+    with 32 bytes of fifth bits before the nibbles: bit j of byte l is element l of 32-block j):
+    its fifth bits as Q5_0's `qh` words (`_q5_0_fifth_bits`), 180 bytes to GGUF's 176."""
     nb, b, ng = k // 256, k // 32, n // G
-    blocks = np.ascontiguousarray(raw).reshape(n, nb, 144)
+    head = 48 if five else 16  # bytes before the nibbles
+    blocks = np.ascontiguousarray(raw).reshape(n, nb, head + 128)
     s = blocks[:, :, 4:16]
     sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], axis=-1)
     mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], axis=-1)
-    q = blocks[:, :, 16:].reshape(n, nb, 4, 1, 32)
+    q = blocks[:, :, head:].reshape(n, nb, 4, 1, 32)
     vals = np.concatenate([q & 15, q >> 4], axis=3).reshape(n, b, 32)  # sub-block 2c: low, 2c + 1: high
     packed = (vals[..., :16] | (vals[..., 16:] << 4)).astype(np.uint8)
 
@@ -209,12 +214,19 @@ def _repack_q4_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
         return np.ascontiguousarray(a.view(np.int16).reshape(ng, G, nb).transpose(0, 2, 1))
 
     per_block = np.stack([sc, mn], axis=-1).astype(np.int8)  # [n, nb, 8 blocks, 2]: all below 64
-    return {
+    out = {
         "qs": _group(packed, ng, b, 4),
         "d": plane(blocks[:, :, 0:2].copy().view(np.float16)[..., 0]),
         "m": plane(-blocks[:, :, 2:4].copy().view(np.float16)[..., 0]),
         "sc": np.ascontiguousarray(per_block.reshape(ng, G, b, 2).transpose(0, 2, 3, 1)),
     }
+    if five:  # each 32-block's bits as the u32 a Q5_0 block holds after its d (bit l: element l)
+        bits = (blocks[:, :, 16:48, None] >> np.arange(8, dtype=np.uint8)) & 1  # [n, nb, l, block j]
+        words = np.packbits(bits.transpose(0, 1, 3, 2), axis=-1, bitorder="little")  # [n, nb, j, 4]
+        q5 = np.zeros((n, b, 6), dtype=np.uint8)
+        q5[:, :, 2:6] = words.reshape(n, b, 4)
+        out["qh"] = _q5_0_fifth_bits(q5, ng, b)
+    return out
 
 
 def _repack_q6_k(raw: U8, n: int, k: int) -> dict[str, np.ndarray[Any, Any]]:
