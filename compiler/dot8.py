@@ -1,4 +1,4 @@
-"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K.
+"""Integer dot-product matmuls for the CPU (x86-64 with AVX2): Q4_0/1, Q5_0/1, Q8_0, Q4_K, Q5_K, Q6_K.
 
 Owns the kernels that read the grouped weight layout of zinc.compiler.dot8_layout (which this
 module's `plane_types` and `repack` are, as zinc.compiler.emitter's `WeightLayout` asks of it):
@@ -7,9 +7,9 @@ module's `plane_types` and `repack` are, as zinc.compiler.emitter's `WeightLayou
     quantizes the activations per 32-block to int8 (scale `max|x| / 127`, round to nearest even,
     and the block sum for the types with a minimum or offset, as llama.cpp's Q8_1 / Q8_0), then multiplies
     with `vpmaddubsw` / `vpmaddwd` (LLVM intrinsics; `vpdpbusd` where the host has AVX-VNNI or
-    AVX-512 VNNI, see dot8_layout `vnni()`), 8 output rows per vector, scales in f32
-    (Q5_0 and Q5_K: the fifth bits expanded from their word to a byte mask by a broadcast, an AND with
-    1 << row and a compare, then OR-ed into the nibbles as 16). Over a weight dot8_layout
+    AVX-512 VNNI, see dot8_layout `vnni()`), 8 output rows per vector, scales in f32 (Q5_0,
+    Q5_1 and Q5_K: the fifth bits expanded from their word to a byte mask by a broadcast, an AND
+    with 1 << row and a compare, then OR-ed into the nibbles as 16). Over a weight dot8_layout
     `paired` every kernel, one token's too, reads 16 output rows per `vpdpbusd` with single
     512-bit loads (`lanes`, `wide_enabled()`): half the instructions per product, and no shuffle
     to join two groups' loads (against the groups apart and joined in the kernel: SmolLM2's step
@@ -323,7 +323,8 @@ def _load_lines(q: QuantType, rows: int, v: int = G) -> str:
             f"%f{r} = arith.sitofp {acc} : {vi} to {vf}",
             f"%a{r}{'' if q.name == 'Q8_0' else 'x'} = math.fma %f{r}, %t{r}, %acc{r} : {vf}",
         ]
-        # + m * sum(x) (Q4_1), - 8 d * sum(x) (Q4_0) or - 16 d * sum(x) (Q5_0), sum(x) as d_x * sum(q_x)
+        # + m * sum(x) (Q4_1, Q5_1, Q4_K, Q5_K), - 8 d * sum(x) (Q4_0) or - 16 d * sum(x) (Q5_0),
+        # sum(x) as d_x * sum(q_x)
         if q.name != "Q8_0":
             lines += [
                 f"%sx{r} = memref.load %sx[%xr{r}, %b] : memref<${{DX}}>",
@@ -440,7 +441,7 @@ def _scale_load(q: QuantType, plane: str, out: str, v: int = G) -> str:
 
 
 def _fifth_bit_consts(v: int) -> list[str]:
-    """The constants that OR the fifth bits into Q5_0's and Q5_K's nibbles (`_load_lines`):
+    """The constants that OR the fifth bits into the Q5 types' nibbles (`_load_lines`):
     byte 4r + i of a vector tests bit r of its word."""
     bitr = ", ".join(str(np.int8(np.uint8(1 << (i % 32 // 4)))) for i in range(4 * v))
     return [
@@ -527,8 +528,9 @@ def _render(
         dscale, mscale = _q4_k_scales(v)
         if q.name == "Q5_K":
             mscale = "\n          ".join([mscale, *_fifth_bit_consts(v)])
-    elif q.name == "Q4_1":
-        mscale = _scale_load(q, "%wm", "%mw", v)
+    elif q.name in ("Q4_1", "Q5_1"):
+        five = _fifth_bit_consts(v) if q.name == "Q5_1" else []
+        mscale = "\n          ".join([_scale_load(q, "%wm", "%mw", v), *five])
     elif q.name == "Q4_0":
         mscale = f"%mw = arith.mulf %dw, %m8 : vector<{v}xf32>"
     elif q.name == "Q5_0":  # -16 d, and the constants that add the fifth bits

@@ -27,8 +27,8 @@ from zinc.compiler.targets import target_cpu_flags
 
 G = 8  # output rows per vector: a group of rows is interleaved 4 bytes at a time
 # type -> 32-byte loads per block
-DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q8_0": 8, "Q4_K": 4, "Q5_K": 4, "Q6_K": 4}
-FIFTH_BIT = ("Q5_0", "Q5_K")  # nibbles plus a fifth bit from a `qh` plane (`_q5_0_fifth_bits`)
+DOT8_TYPES = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 4, "Q5_1": 4, "Q8_0": 8, "Q4_K": 4, "Q5_K": 4, "Q6_K": 4}
+FIFTH_BIT = ("Q5_0", "Q5_1", "Q5_K")  # nibbles plus a fifth bit from a `qh` plane (`_q5_0_fifth_bits`)
 # scale planes in f32: Q6_K's super-block d (one per 256 weights; its int8 scales per 16 weights
 # are a plane `sc` of their own). Q4_K's and Q5_K's d and dmin per 256 stay f16 bits, their
 # scales and minimums per 32 a byte each (`sc`).
@@ -39,7 +39,7 @@ SUPER_BLOCK = ("Q4_K", "Q5_K", "Q6_K")  # types whose `d` (and Q4_K's `m`) plane
 # planes held a pair side by side, made SmolLM2's output head in a batch of 4 slower, 785 -> 900
 # us); prefetched into L2, its wide form is no slower for 4 rows and faster for 8: SmolLM2's step
 # 4.11 -> 3.94 ms, Gemma 3's 10.07 -> 9.00 ms
-WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+WIDE_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
 
 
@@ -97,11 +97,11 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
-    [n/8, k/32, 8 rows] as f16 bits, and the same again for the minimums of Q4_1 (`m`); Q4_K's
+    [n/8, k/32, 8 rows] as f16 bits, and the same again for the minimums of Q4_1 and Q5_1 (`m`); Q4_K's
     and Q5_K's (`_repack_q4_k`) d and -dmin [n/8, k/256, 8 rows] as f16 bits and the 6-bit scale
     and minimum of each 32-block `sc` [n/8, k/32, 2, 8 rows] as bytes; Q6_K's (`_repack_q6_k`) 2-bit
     highs `hb`, int8 scales `sc` [n/8, k/32, 2 halves, 8 rows] and super-block d
-    [n/8, k/256, 8 rows] in f32; Q5_0's fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as
+    [n/8, k/256, 8 rows] in f32; Q5_0's and Q5_1's fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as
     i32 words (Q5_K's too). A `paired` weight has n/16 pairs of 16 rows where these have n/8 groups of 8
     (`qh` stays per group)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
@@ -110,7 +110,7 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     out = {"qs": f"tensor<{units}x{b}x{loads}x{v}x4xi8>", "d": f"tensor<{units}x{b}x{v}x{scale}>"}
     if q.name in SUPER_BLOCK:
         out["d"] = f"tensor<{units}x{b // 8}x{v}x{scale}>"
-    if q.name in ("Q4_1", "Q4_K", "Q5_K"):
+    if q.name in ("Q4_1", "Q5_1", "Q4_K", "Q5_K"):
         out["m"] = out["d"]
     if q.name == "Q6_K":  # 2-bit highs [.., 2 loads, rows, 4 bytes]
         out["hb"] = f"tensor<{units}x{b}x2x{v}x4xi8>"
@@ -154,7 +154,7 @@ def _repack_blocks(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarra
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = 2 * G if paired(q, n) else G  # rows side by side in a plane's unit
     blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
-    head = {"Q4_1": 4, "Q5_0": 6}.get(q.name, 2)  # bytes of scales (and Q5_0's fifth bits) before the quants
+    head = {"Q4_1": 4, "Q5_0": 6, "Q5_1": 8}.get(q.name, 2)  # bytes of scales and fifth bits before the quants
     words = np.ascontiguousarray(blocks[:, :, head:]).view("<u4")  # [n, b, loads]
     qs = np.ascontiguousarray(words.reshape(n // v, v, b, loads).transpose(0, 2, 3, 1))
     out = {"qs": qs.view(np.int8).reshape(n // v, b, loads, v, 4)}
@@ -164,21 +164,22 @@ def _repack_blocks(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarra
         return np.ascontiguousarray(bits.reshape(n // v, v, b).transpose(0, 2, 1))
 
     out["d"] = scale(0)
-    if q.name == "Q4_1":
+    if q.name in ("Q4_1", "Q5_1"):
         out["m"] = scale(2)
-    if q.name == "Q5_0":
-        out["qh"] = _q5_0_fifth_bits(blocks, ng, b)
+    if q.name in FIFTH_BIT:
+        out["qh"] = _q5_0_fifth_bits(blocks, ng, b, head - 4)
     return out
 
 
-def _q5_0_fifth_bits(blocks: U8, ng: int, b: int) -> np.ndarray[Any, Any]:
-    """Q5_0's fifth bits (the u32 `qh` after the block's f16 d: bit j is element j's; the 16
+def _q5_0_fifth_bits(blocks: U8, ng: int, b: int, at: int = 2) -> np.ndarray[Any, Any]:
+    """Q5_0's fifth bits (the u32 `qh` at byte `at` of a block, after its f16 d, or Q5_1's d and
+    m at 4: bit j is element j's; the 16
     nibble bytes hold elements j and 16 + j in byte j) as the `qh` plane: per group, block, load s
     and nibble half h (0: low nibbles, elements 4s + i; 1: high, elements 16 + 4s + i) one 32-bit
     word whose bit 8i + r is the fifth bit of element 16h + 4s + i of the group's row r. Broadcast
     to the 8 dwords of a vector, byte 4r + i (the load's byte of row r, element i) then holds that
     bit as bit r: the kernel tests it against a constant mask, no shuffle. Sizes equal GGUF's."""
-    qh = blocks[:, :, 2:6].copy().view("<u4")[..., 0]  # [n, b]
+    qh = blocks[:, :, at : at + 4].copy().view("<u4")[..., 0]  # [n, b]
     bits = ((qh[..., None] >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [n, b, element]
     bits = bits.reshape(ng, G, b, 2, 4, 4).transpose(0, 2, 4, 3, 5, 1)  # [ng, b, s, h, i, r]
     words = np.packbits(bits, axis=-1, bitorder="little")[..., 0]  # [ng, b, s, h, i]: byte i, bit r

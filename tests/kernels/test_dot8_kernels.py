@@ -4,8 +4,8 @@ Each GGUF tensor is repacked as `zinc compile` does it. The decode kernels (one 
 3 and 9 rows) and the prefill kernel (T = ?, 9 rows: a tile of 8 and a padded one) must equal the
 weight times the activations rounded to Q8 per 32-block (`zinc.model.reference.q8_round`, the
 rounding the kernels do) to f32 accuracy, and agree bit for bit on the same row. Weights are
-`gguf.quants.quantize` of random floats (K-quants: random valid blocks); Q5_0 also gets blocks of
-random bytes, so every fifth-bit pattern occurs. Skipped, with the reason, on a CPU without AVX2
+`gguf.quants.quantize` of random floats (K-quants: random valid blocks); Q5_0 and Q5_1 also get
+blocks of random bytes, so every fifth-bit pattern occurs. Skipped, with the reason, on a CPU without AVX2
 (those machines compile the f32 tiled kernels instead).
 """
 
@@ -33,13 +33,15 @@ K_SHAPES = [(16, 256), (40, 768)]  # for Q4_K and Q6_K: K a multiple of its 256-
 pytestmark = pytest.mark.skipif(not dot8_layout.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
 
 
-def random_q5_0(n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Q5_0 blocks of random bytes (random nibbles and fifth bits) with small f16 scales, every
-    fourth row's subnormal, as uint8 [n, k / 32 * 22]."""
-    raw = rng.integers(0, 256, size=(n, k // 32, 22), dtype=np.uint8)
-    d = rng.uniform(0.002, 0.02, size=(n, k // 32)) * rng.choice([-1, 1], size=(n, k // 32))
-    d[::4] *= 1e-3
-    raw[:, :, 0:2] = d.astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
+def random_q5(n: int, k: int, rng: np.random.Generator, qtype: str = "Q5_0") -> np.ndarray:
+    """Q5_0 (or Q5_1) blocks of random bytes (random nibbles and fifth bits) with small f16
+    scales (and minimums), every fourth row's subnormal, as uint8 [n, k / 32 * block bytes]."""
+    size, fields = (22, (0,)) if qtype == "Q5_0" else (24, (0, 2))
+    raw = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
+    for at in fields:
+        d = rng.uniform(0.002, 0.02, size=(n, k // 32)) * rng.choice([-1, 1], size=(n, k // 32))
+        d[::4] *= 1e-3
+        raw[:, :, at : at + 2] = d.astype(np.float16).view(np.uint8).reshape(n, k // 32, 2)
     return raw.reshape(n, -1)
 
 
@@ -52,8 +54,8 @@ def weights(qtype: str, rng: np.random.Generator) -> list[tuple[int, int, np.nda
     for n, k in SHAPES:
         w = rng.standard_normal((n, k)).astype(np.float32)
         out.append((n, k, quants.quantize(w, GGMLQuantizationType[qtype])))
-    if qtype == "Q5_0":
-        out += [(n, k, random_q5_0(n, k, rng)) for n, k in SHAPES[:2]]
+    if qtype in ("Q5_0", "Q5_1"):
+        out += [(n, k, random_q5(n, k, rng, qtype)) for n, k in SHAPES[:2]]
     return out
 
 
@@ -132,8 +134,9 @@ def test_dot8_kernels_match_dequantize(
             assert sum(p.nbytes for p in planes.values()) == raw.nbytes
         if qtype in ("Q4_K", "Q5_K"):  # a byte of scale and of minimum per 32 weights: 4 more bytes per 256
             assert sum(p.nbytes for p in planes.values()) == raw.nbytes + 4 * (n * k // 256)
-        if qtype == "Q5_0":  # the quantized floats use every fifth-bit value and quant 0..31
-            qh = raw.reshape(n, k // 32, 22)[:, :, 2:6].copy().view("<u4")
+        if qtype in ("Q5_0", "Q5_1"):  # the quantized floats use every fifth-bit value and quant 0..31
+            at = 2 if qtype == "Q5_0" else 4
+            qh = raw.reshape(n, k // 32, q.block_bytes)[:, :, at : at + 4].copy().view("<u4")
             assert 0 < np.unpackbits(qh.view(np.uint8)).mean() < 1
         mod = LoadedModule(
             compile_kernel(kernel_module(qtype, n, k), spec.target), spec.uri, parameter_arrays=planes
@@ -166,7 +169,8 @@ def test_dot8_layout_applies_to_whole_groups_of_the_byte_types() -> None:
     assert dot8_layout.supports(q41, 40, 64) and not dot8_layout.supports(q41, 36, 64)
     q50 = QUANT_TYPES["Q5_0"]
     assert dot8_layout.supports(q50, 64, 64) and dot8_layout.supports(q50, 2048, 640) and not dot8_layout.supports(q50, 36, 64)
-    assert not dot8_layout.supports(QUANT_TYPES["Q5_1"], 64, 64) and not dot8_layout.supports(QUANT_TYPES["F16"], 64, 64)
+    assert dot8_layout.supports(QUANT_TYPES["Q5_1"], 64, 64) and not dot8_layout.supports(QUANT_TYPES["F16"], 64, 64)
+    assert dot8_layout.supports(QUANT_TYPES["Q5_K"], 16, 512) and not dot8_layout.supports(QUANT_TYPES["Q5_K"], 16, 96)
     q4k = QUANT_TYPES["Q4_K"]
     assert dot8_layout.supports(q4k, 16, 512) and not dot8_layout.supports(q4k, 16, 96)
     assert dot8_layout.supports(QUANT_TYPES["Q6_K"], 8, 256)

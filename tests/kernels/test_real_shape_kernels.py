@@ -6,8 +6,8 @@ Gemma 3 1B-12B, Mistral 7B): n_embd (q, k, v, gate, up, the output head), n_head
 whether its quantized activation rows fit its stack: `dot8.quantized_apart`) and on its row count;
 the output width N only sizes its grid, so N is small here and the slow tier compiles whole models.
 On the CPU: the integer dot-product kernels (one token, a batch of 8 rows, a prompt of 11 rows)
-of each quant type real files use (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, and Q5_0, llama.cpp's stand-in
-for a K-quant whose width is not a whole number of 256-blocks), against the weights from
+of each quant type real files use (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, and Q5_0 and Q5_1, llama.cpp's
+stand-ins for a K-quant whose width is not a whole number of 256-blocks), against the weights from
 `gguf.quants.dequantize` times the activations rounded to Q8 as the kernels round them. On Vulkan:
 the linalg forms every Vulkan target compiles (zinc.compiler.subgroup_matmul; one token, a prompt)
 of the same types, against the same weights.
@@ -106,7 +106,7 @@ def _activations(rows: int, k: int) -> Array:
 @pytest.mark.skipif(
     not dot8_layout.enabled(), reason="this CPU lacks AVX2, F16C or FMA (it compiles the f32 kernels)"
 )
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1"])
 def test_dot8_kernels_at_every_real_width(qtype: str) -> None:
     spec = DEVICES["cpu"]()
     q = QUANT_TYPES[qtype]
