@@ -368,6 +368,12 @@ def main() -> int:
         spec = json.loads(args.spec.read_text())
         Path(spec["result"]).write_text(json.dumps(worker_long(spec)))
         return 0
+    from fixtures.real_shapes import QUANTS, SPECS
+
+    unknown = [m for m in [*args.models.split(","), *([args.long_model] if args.long_model else [])] if m not in SPECS]
+    if unknown or args.quant not in QUANTS:  # said now, not after the runs before the one it stops
+        ap.error(f"unknown model {', '.join(map(repr, unknown))} (known: {', '.join(SPECS)})"
+                 if unknown else f"unknown --quant {args.quant!r} (known: {', '.join(QUANTS)})")
     llama_bin = None if args.no_llama else args.llama_bin
     if llama_bin is not None and not (llama_bin / "llama-bench").exists():
         say(f"no llama-bench in {llama_bin} (scripts/bench-sizes builds it): measuring zinc only")

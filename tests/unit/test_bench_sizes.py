@@ -88,3 +88,19 @@ def test_llama_cpp_decodes_at_the_depth_zinc_decodes_at(tmp_path: Path) -> None:
     row = llama_pair(fake, tmp_path / "model.gguf", 64, 128)
     assert row["prefill"] == 1000 and row["decode"] == 2128
     assert row["maxrss_mib"] > 0
+
+
+def test_an_unknown_model_or_quant_is_refused_before_any_run() -> None:
+    """A name the table lacks (as `--long-model ''` reaches it from a shell variable) stops the
+    run at once with the known names, not after the rounds of the models before it."""
+    import subprocess
+
+    script = str(Path(__file__).resolve().parents[2] / "bench" / "bench_sizes.py")
+    cases = [
+        (["--long-model", "''"], "unknown model \"''\" (known: llama-3.2-1b, "),
+        (["--models", "llama-3.2-1b,llama-9b"], "unknown model 'llama-9b' (known: llama-3.2-1b, "),
+        (["--quant", "Q3_K_S"], "unknown --quant 'Q3_K_S' (known: Q4_0, "),
+    ]
+    for args, said in cases:
+        done = subprocess.run([sys.executable, script, "--no-llama", *args], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and said in done.stderr, done.stderr[-500:]
