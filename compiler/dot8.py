@@ -547,7 +547,7 @@ def _render(
     scale = "f32" if q.name in F32_SCALES else "i16"
     shapes = {  # the planes (a pair of groups per unit where v = 16, see dot8_layout `_pair`)
         "QS": f"{units}x{b}x{loads}x{4 * v}xi8",
-        "DS": f"{units}x{b // 8}x{v}x{scale}" if q.name in SUPER_BLOCK else f"{units}x{b}x{v}x{scale}",
+        "DS": f"{units}x{b // 8 if q.name in SUPER_BLOCK else b}x{v}x{scale}",
         "HB": f"{units}x{b}x2x{4 * v}xi8",
         "SC": f"{units}x{b}x2x{v}xi8",
         "XQ": f"{xr if apart else r}x{b}x32xi8",

@@ -4,11 +4,11 @@ Owns: `DOT8_TYPES`, `enabled()` (the host has AVX2, F16C and FMA, and `ZINC_CPU_
 `vnni()` and `wide_enabled()` (which instructions the kernels use), and the grouped weight layout
 (`plane_types`, `repack`: a byte shuffle of the GGUF blocks, 8 rows of a group side by side, 4
 bytes of each row at a time; Q5_0's fifth bits re-ordered into one 32-bit word per load and nibble
-half, see `_q5_0_fifth_bits`; Q4_K into Q4_1-like 32-blocks, their 6-bit scales and minimums a byte
-each and the super-block's d and dmin, 148 bytes a super-block to GGUF's 144, `_repack_q4_k`; Q5_K
-the same with Q5_0's fifth-bit words, 180 bytes to GGUF's 176, `_repack_q5_k`; Q6_K
+half, see `_q5_0_fifth_bits`, and Q5_1's the same way; Q4_K into Q4_1-like 32-blocks, their 6-bit
+scales and minimums a byte each and the super-block's d and dmin, 148 bytes a super-block to
+GGUF's 144, and Q5_K the same with fifth-bit words, 180 bytes to GGUF's 176, `_repack_q4_k`; Q6_K
 into Q4_0-like nibbles, their 2-bit highs beside them, int8 scales per 16 and the super-block's d,
-as many bytes as GGUF's, `_repack_q6_k`). On a host with AVX-512 VNNI a weight whose groups pair up is repacked
+`_repack_q6_k`). On a host with AVX-512 VNNI a weight whose groups pair up is repacked
 with each pair side by side (`paired`, `_pair`: 64 bytes per load, 16 scales), and every kernel
 over it reads 16 output rows per `vpdpbusd` (`lanes`).
 `zinc compile` runs `repack` once per weight and writes the planes to the artifact's `.irpa`.
@@ -33,7 +33,7 @@ FIFTH_BIT = ("Q5_0", "Q5_1", "Q5_K")  # nibbles plus a fifth bit from a `qh` pla
 # are a plane `sc` of their own). Q4_K's and Q5_K's d and dmin per 256 stay f16 bits, their
 # scales and minimums per 32 a byte each (`sc`).
 F32_SCALES = ("Q6_K",)
-SUPER_BLOCK = ("Q4_K", "Q5_K", "Q6_K")  # types whose `d` (and Q4_K's `m`) plane has one scale per 256 weights
+SUPER_BLOCK = ("Q4_K", "Q5_K", "Q6_K")  # their `d` (and `m`) planes hold one scale per 256 weights
 # the types with a 512-bit form: all. Q8_0 reads twice the bytes per product and was left out
 # while the quants were prefetched into L1 (two groups' streams at once, as they were before the
 # planes held a pair side by side, made SmolLM2's output head in a batch of 4 slower, 785 -> 900
@@ -97,13 +97,13 @@ def supports(q: QuantType, n: int, k: int) -> bool:
 
 def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
     """Planes of an [n, k] weight: quants [n/8, k/32, loads, 8 rows, 4 bytes], scales
-    [n/8, k/32, 8 rows] as f16 bits, and the same again for the minimums of Q4_1 and Q5_1 (`m`); Q4_K's
-    and Q5_K's (`_repack_q4_k`) d and -dmin [n/8, k/256, 8 rows] as f16 bits and the 6-bit scale
-    and minimum of each 32-block `sc` [n/8, k/32, 2, 8 rows] as bytes; Q6_K's (`_repack_q6_k`) 2-bit
-    highs `hb`, int8 scales `sc` [n/8, k/32, 2 halves, 8 rows] and super-block d
-    [n/8, k/256, 8 rows] in f32; Q5_0's and Q5_1's fifth bits `qh` [n/8, k/32, 4 loads, 2 nibble halves] as
-    i32 words (Q5_K's too). A `paired` weight has n/16 pairs of 16 rows where these have n/8 groups of 8
-    (`qh` stays per group)."""
+    [n/8, k/32, 8 rows] as f16 bits, and the same again for the minimums of Q4_1 and Q5_1
+    (`m`); Q4_K's and Q5_K's (`_repack_q4_k`) d and -dmin [n/8, k/256, 8 rows] as f16 bits and
+    the 6-bit scale and minimum of each 32-block `sc` [n/8, k/32, 2, 8 rows] as bytes; Q6_K's
+    (`_repack_q6_k`) 2-bit highs `hb`, int8 scales `sc` [n/8, k/32, 2 halves, 8 rows] and
+    super-block d [n/8, k/256, 8 rows] in f32; the fifth bits of Q5_0, Q5_1 and Q5_K `qh`
+    [n/8, k/32, 4 loads, 2 nibble halves] as i32 words. A `paired` weight has n/16 pairs of 16
+    rows where these have n/8 groups of 8 (`qh` stays per group)."""
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     scale = "f32" if q.name in F32_SCALES else "i16"
     units, v = (ng // 2, 2 * G) if paired(q, n) else (ng, G)  # a pair: its two groups side by side
@@ -114,7 +114,7 @@ def plane_types(q: QuantType, n: int, k: int) -> dict[str, str]:
         out["m"] = out["d"]
     if q.name == "Q6_K":  # 2-bit highs [.., 2 loads, rows, 4 bytes]
         out["hb"] = f"tensor<{units}x{b}x2x{v}x4xi8>"
-    if q.name in SUPER_BLOCK:  # per 32-block: Q4_K's scale and minimum, Q6_K's scale of each half
+    if q.name in SUPER_BLOCK:  # per 32-block: Q4_K's and Q5_K's scale and minimum, Q6_K's per half
         out["sc"] = f"tensor<{units}x{b}x2x{v}xi8>"
     if q.name in FIFTH_BIT:
         out["qh"] = f"tensor<{ng}x{b}x4x2xi32>"
@@ -154,7 +154,7 @@ def _repack_blocks(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarra
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = 2 * G if paired(q, n) else G  # rows side by side in a plane's unit
     blocks = np.ascontiguousarray(raw).reshape(n, b, q.block_bytes)
-    head = {"Q4_1": 4, "Q5_0": 6, "Q5_1": 8}.get(q.name, 2)  # bytes of scales and fifth bits before the quants
+    head = {"Q4_1": 4, "Q5_0": 6, "Q5_1": 8}.get(q.name, 2)  # bytes before the quants
     words = np.ascontiguousarray(blocks[:, :, head:]).view("<u4")  # [n, b, loads]
     qs = np.ascontiguousarray(words.reshape(n // v, v, b, loads).transpose(0, 2, 3, 1))
     out = {"qs": qs.view(np.int8).reshape(n // v, b, loads, v, 4)}
@@ -172,9 +172,9 @@ def _repack_blocks(q: QuantType, raw: U8, n: int, k: int) -> dict[str, np.ndarra
 
 
 def _q5_0_fifth_bits(blocks: U8, ng: int, b: int, at: int = 2) -> np.ndarray[Any, Any]:
-    """Q5_0's fifth bits (the u32 `qh` at byte `at` of a block, after its f16 d, or Q5_1's d and
-    m at 4: bit j is element j's; the 16
-    nibble bytes hold elements j and 16 + j in byte j) as the `qh` plane: per group, block, load s
+    """Q5_0's fifth bits (the u32 `qh` at byte `at` of each block: 2, after its f16 d; Q5_1's at
+    4, after d and m; bit j is element j's, and the 16 nibble bytes hold elements j and 16 + j in
+    byte j) as the `qh` plane: per group, block, load s
     and nibble half h (0: low nibbles, elements 4s + i; 1: high, elements 16 + 4s + i) one 32-bit
     word whose bit 8i + r is the fifth bit of element 16h + 4s + i of the group's row r. Broadcast
     to the 8 dwords of a vector, byte 4r + i (the load's byte of row r, element i) then holds that
