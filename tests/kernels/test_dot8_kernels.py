@@ -176,6 +176,14 @@ def test_dot8_layout_applies_to_whole_groups_of_the_byte_types() -> None:
     assert dot8_layout.supports(QUANT_TYPES["Q6_K"], 8, 256)
 
 
+def test_the_reference_rounds_activations_for_every_type_the_kernels_take() -> None:
+    """zinc.model.reference follows these kernels' Q8 rounding by type; a type added here and not
+    there (Q5_1 and Q5_K were) fails the sizes tier's comparisons only."""
+    from zinc.model.reference import Q8_WEIGHTS
+
+    assert set(Q8_WEIGHTS) == set(dot8_layout.DOT8_TYPES)
+
+
 def test_int8_kernels_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ZINC_CPU_INT8", "0")
     assert not dot8_layout.enabled()

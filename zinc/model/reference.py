@@ -7,7 +7,7 @@ gemma3): NEOX or adjacent-pair RoPE with per-layer bases and Llama 3's per-pair 
 factors, q/k/v biases, per-head QK RMSNorm, post-norms, SwiGLU or tanh-GELU gating,
 sliding-window layers, embedding and query scales and final logit softcapping. With
 `q8_activations`, it also follows the CPU's integer dot-product
-kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K with rows in groups of 8,
+kernels (`compiler/dot8.py`): where the weight is Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K with rows in groups of 8,
 a matmul's activations are first rounded to Q8 per 32-block, as those kernels (and llama.cpp)
 do. With `kv_f16`, cached keys and values are rounded to f16 as the KV slab stores them on every
 target (the step that computes a position reads it rounded too). With `gemm` ("f16" or "f32"),
@@ -36,10 +36,12 @@ Q8_WEIGHTS = (
     "Q4_0",
     "Q4_1",
     "Q5_0",
+    "Q5_1",
     "Q8_0",
     "Q4_K",
+    "Q5_K",
     "Q6_K",
-)  # the types whose matmuls take Q8 activations on the CPU
+)  # the types whose matmuls take Q8 activations on the CPU (compiler/dot8_layout.py DOT8_TYPES)
 
 
 def q8_round(x: F64) -> F64:
