@@ -29,7 +29,7 @@ from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
 
 SHAPES = [(64, 128), (40, 32), (8, 576), (136, 96)]  # N a multiple of 8 (groups), K of 32 (blocks)
-K_SHAPES = [(16, 256), (40, 768)]  # for Q4_K and Q6_K: K a multiple of its 256-weight super-block
+K_SHAPES = [(16, 256), (40, 768)]  # for Q4_K, Q5_K and Q6_K: K a multiple of its 256-weight super-block
 pytestmark = pytest.mark.skipif(not dot8_layout.host_supports(), reason="this CPU lacks AVX2, F16C or FMA")
 
 
