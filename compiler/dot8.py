@@ -46,6 +46,11 @@ PREFILL_ROWS = 8  # rows of a prompt chunk per workgroup tile
 # prefetch stream, which reaches `PREFETCH_BLOCKS` ahead only after its first blocks, so fewer and
 # longer ones do better (measured in the commits that set these).
 DECODE_WORKGROUPS, PREFILL_WORKGROUPS = 2, 2
+# Over a large matrix (`SPLIT_BYTES` of weights or more) a batch of rows runs in `BATCH_SPLIT`
+# workgroups per CPU and a prompt chunk in `PREFILL_SPLIT` per tile: these kernels are bound by
+# arithmetic, and with few long workgroups a worker slowed by the host leaves the others idle
+# until it is done. Each workgroup still has a long run of blocks.
+BATCH_SPLIT, PREFILL_SPLIT, SPLIT_BYTES = 4, 8, 4 << 20
 # Software prefetch of the quants this many blocks ahead (8 KB for the 4-bit types) into L2
 # (`PREFETCH_LOCALITY` 2: prefetcht1): with the hardware prefetcher alone the kernels still wait on
 # their reads. Into L2, not L1: an L1 prefetch holds one of the core's few L1 miss buffers until
@@ -61,14 +66,16 @@ PREFETCH_LOCALITY = 2  # memref.prefetch locality: 3 is prefetcht0 (L1), 2 prefe
 STACK_BUDGET = 28 * 1024
 
 
-def _workgroups(prefill: bool) -> int:
-    """Workgroups for a kernel: per tile for a prompt chunk (its tiles already give a 128-token
-    chunk 32 workgroups); for a decode kernel, of one row or a batch, at least one per usable CPU
-    of the host the artifact is compiled for (and served on: it targets the host's CPU)."""
+def _workgroups(prefill: bool, rows: int = 1, nbytes: int = 0) -> int:
+    """Workgroups for a kernel over `nbytes` of weights: per tile for a prompt chunk (its tiles
+    already give a 128-token chunk 32 workgroups); for a decode kernel of one row or a batch, at
+    least one per usable CPU of the host the artifact is compiled for (and served on: it targets
+    the host's CPU). Past `SPLIT_BYTES`, a prompt chunk's and a batch's split finer (above)."""
     if prefill:
-        return PREFILL_WORKGROUPS
+        return PREFILL_SPLIT if nbytes >= SPLIT_BYTES else PREFILL_WORKGROUPS
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(DECODE_WORKGROUPS, cpus)
+    per_cpu = BATCH_SPLIT if rows > 1 and nbytes >= SPLIT_BYTES else 1
+    return max(DECODE_WORKGROUPS, cpus * per_cpu)
 
 
 def decode_name(
@@ -501,7 +508,7 @@ def _render(
     ng, b, loads = n // G, k // 32, DOT8_TYPES[q.name]
     v = lanes(q, n, r)
     units = ng // (v // G)  # the loop's steps: groups, or pairs of groups side by side
-    per_wg = max(1, -(-units // _workgroups(prefill)))
+    per_wg = max(1, -(-units // _workgroups(prefill, r, n * k // q.block * q.block_bytes)))
     nwg = -(-units // per_wg)
     types = plane_types(q, n, k)
     dscale = _scale_load(q, "%wd", "%dw", v)

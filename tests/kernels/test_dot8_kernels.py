@@ -221,3 +221,45 @@ def test_a_bad_prefetch_distance_is_a_clear_error(monkeypatch: pytest.MonkeyPatc
         dot8.prefetch_blocks()
     monkeypatch.setenv("ZINC_CPU_PREFETCH", "")
     assert dot8.prefetch_blocks() == dot8.PREFETCH_BLOCKS
+
+
+def _workgroup_count(text: str, name: str) -> int:
+    """The workgroup count of kernel `name`'s export in a module's text: its constant, or for a
+    prompt chunk's kernel the constant per 8-row tile."""
+    export = text[text.index(f"stream.executable private @{name}_ex") :]
+    key = "%nwg = arith.constant " if "%nwg = " in export.split("builtin.module", 1)[0] else "%x = arith.constant "
+    return int(export.split(key, 1)[1].split(" ", 1)[0])
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q6_K"])
+def test_a_large_matrix_splits_finer_and_gives_the_same_bits(qtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over `SPLIT_BYTES` of weights or more a batch kernel runs in `BATCH_SPLIT` workgroups per
+    CPU instead of one, and a prompt chunk's in `PREFILL_SPLIT` per tile instead of
+    `PREFILL_WORKGROUPS`; each output is still summed by one workgroup in the same order, so the
+    results are bit for bit those of the coarser split. One token's kernel keeps one per CPU."""
+    spec = DEVICES["cpu"]()
+    q = QUANT_TYPES[qtype]
+    n, k = 512, 256
+    rng = np.random.default_rng(9)
+    raw = (
+        random_blocks(qtype, n, k, rng)
+        if q.block == 256
+        else quants.quantize(rng.standard_normal((n, k)).astype(np.float32), GGMLQuantizationType[qtype])
+    )
+    planes = dot8.repack(q, raw.reshape(-1).view(np.uint8), n, k)
+    x = np.random.default_rng(10).standard_normal((9, k)).astype(np.float32)
+    names = [dot8.decode_name(q, n, k, 9), dot8.prefill_name(q, n, k), dot8.decode_name(q, n, k)]
+    outs, counts = [], []
+    for threshold in (dot8.SPLIT_BYTES, 0):  # this matrix is small: 0 makes it "large"
+        monkeypatch.setattr(dot8, "SPLIT_BYTES", threshold)
+        text = kernel_module(qtype, n, k)
+        counts.append([_workgroup_count(text, name) for name in names])
+        mod = LoadedModule(compile_kernel(text, spec.target), spec.uri, parameter_arrays=planes)
+        outs.append([to_host(mod.fn(f)(mod.to_device(x[:r])), mod.device) for f, r in (("b9", 9), ("mm", 9), ("mv", 1))])
+    cpus = dot8._workgroups(prefill=False)
+    units = [n // dot8_layout.lanes(q, n, r) for r in (9, 8, 1)]
+    assert counts[0] == [min(cpus, units[0]), min(dot8.PREFILL_WORKGROUPS, units[1]), min(cpus, units[2])]
+    assert counts[1] == [min(dot8.BATCH_SPLIT * cpus, units[0]), min(dot8.PREFILL_SPLIT, units[1]), counts[0][2]]
+    assert counts[1][0] > counts[0][0] and counts[1][1] > counts[0][1]
+    for coarse, fine in zip(*outs, strict=True):
+        assert np.array_equal(coarse, fine)
