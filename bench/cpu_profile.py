@@ -1,12 +1,13 @@
-"""Where a CPU decode step's time goes, kernel by kernel, from IREE's HAL profiling.
+"""Where a CPU decode step's (or prompt chunk's) time goes, kernel by kernel, from IREE's HAL profiling.
 
 Usage: .venv/bin/python bench/cpu_profile.py [--model smollm2|NAME|GGUF] [--batch 1] [--position 128]
-       [--steps 20] [--threads 2] [--top 12] [--json FILE]
+       [--prefill TOKENS] [--steps 20] [--threads 2] [--top 12] [--json FILE]
 
 For the CPU what bench/gpu_profile.py is for a GPU. The model (NAME: a fixtures/real_shapes.py
 spec in Q4_0, written on first use) is compiled into zinc's cache on first use; then the
 iree-base-runtime wheel's `iree-benchmark-module` runs its `decode_b{batch}` --steps times with
-`--device_profiling_mode=host-execution`, under which IREE's local-task driver records each
+`--device_profiling_mode=host-execution` (or, with --prefill, its `prefill_kv` over a prompt chunk of
+that many tokens at position 0), under which IREE's local-task driver records each
 dispatch's start, end and the summed time of its workgroups. Printed, and written with --json:
   - the step's span (first dispatch's start to last one's end, median over the steps), the part of
     it no dispatch covers (gaps: the task system between dispatches), and the worker time left
@@ -14,9 +15,11 @@ dispatch's start, end and the summed time of its workgroups. Printed, and writte
     started while another works), per step;
   - per kernel function, by time per step: calls per step, ms per step and share, the mean and the
     fastest call; for the integer matmuls (zinc.compiler.dot8, named by type and shape) the weight
-    bytes one call reads over those two times, in GB/s, to hold against the host's read bandwidth.
+    bytes one call reads over those two times, in GB/s, to hold against the host's read bandwidth
+    (a prompt chunk's: its multiply-adds, in GMAC/s, to hold against the host's arithmetic).
 On a busy host the mean is what the steps got and the fastest what the kernel can do.
-Imports: gpu_profile (tool, decode_inputs), zinc.compiler.build, zinc.compiler.kernels, the stdlib.
+Imports: gpu_profile (tool, decode_inputs), zinc.artifact (CTX_ALIGN), zinc.compiler.build,
+zinc.compiler.kernels, the stdlib.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench
 from gpu_profile import decode_inputs, tool
 
 Json = dict[str, Any]
-MATMUL = re.compile(r"^dot8_([a-z0-9_]+?)_(?:1|b\d+)_(\d+)x(\d+)(?:_|$)")
+# an integer matmul kernel by type and shape (not the dispatch that quantizes its rows, `_xq`)
+MATMUL = re.compile(r"^dot8_([a-z0-9_]+?)_(?:1|b\d+|t)_(\d+)x(\d+)(?!_xq)(?:_|$)")
 
 
 def matmul_bytes(function: str) -> int | None:
@@ -49,6 +53,15 @@ def matmul_bytes(function: str) -> int | None:
         return None
     n, k = int(m.group(2)), int(m.group(3))
     return int(n * (k // q.block) * q.block_bytes)
+
+
+def matmul_macs(function: str, tokens: int) -> int | None:
+    """The multiply-adds of one call of a prompt chunk's integer matmul (`dot8_<type>_t_<n>x<k>`)
+    over `tokens` rows, or None for any other function."""
+    m = MATMUL.match(function)
+    if m is None or "_t_" not in function:
+        return None
+    return int(m.group(2)) * int(m.group(3)) * tokens
 
 
 def model_path(name: str) -> Path:
@@ -69,8 +82,7 @@ def capture(artifact: Path, gguf: Path, args: argparse.Namespace, prof: Path) ->
     cmd = [tool("iree-benchmark-module"), "--device=local-task", f"--task_topology_group_count={args.threads}",
            f"--module={artifact / manifest['vmfb']}", f"--parameters=model={gguf}",
            *[f"--parameters=model={artifact / a}" for a in manifest.get("parameter_archives", [])],
-           f"--function=decode_b{args.batch}",
-           *decode_inputs(manifest["hparams"], args.position, manifest["kv_cache"]["dtype"], args.batch),
+           *step_args(manifest, args),
            f"--benchmark_min_time={args.steps}x", "--benchmark_format=json",
            "--device_profiling_mode=host-execution", f"--device_profiling_output={prof}"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -79,6 +91,18 @@ def capture(artifact: Path, gguf: Path, args: argparse.Namespace, prof: Path) ->
     bench = json.loads(done.stdout[done.stdout.index("{") :])
     times = [b["real_time"] for b in bench["benchmarks"] if b.get("run_type") != "aggregate"]
     return float(statistics.median(times))
+
+
+def step_args(manifest: Json, args: argparse.Namespace) -> list[str]:
+    """The function flag and inputs of the step profiled: decode_b{batch}, or with --prefill
+    `prefill_kv` (slab, ids [T], start 0, ctx [T padded to CTX_ALIGN]: every position's slot 0)."""
+    inputs = decode_inputs(manifest["hparams"], args.position, manifest["kv_cache"]["dtype"], args.batch)
+    if not args.prefill:
+        return [f"--function=decode_b{args.batch}", *inputs]
+    from zinc.artifact import CTX_ALIGN
+
+    ctx = -(-args.prefill // CTX_ALIGN) * CTX_ALIGN
+    return ["--function=prefill_kv", inputs[0], f"--input={args.prefill}xi32=100", "--input=0", f"--input={ctx}xi32=0"]
 
 
 def profile_records(prof: Path) -> tuple[list[Json], list[Json]]:
@@ -119,7 +143,7 @@ def step_figures(step: list[Json], threads: int) -> tuple[int, int, int, int]:
     return end - start, sum(e["duration_ns"] for e in step), end - start - covered, idle
 
 
-def summarize(rows: list[Json], events: list[Json], threads: int, top: int) -> Json:
+def summarize(rows: list[Json], events: list[Json], threads: int, top: int, tokens: int = 0) -> Json:
     steps = steps_of(events)
     n = len(steps)
     spans, walls, gaps, idle = zip(*(step_figures(s, threads) for s in steps), strict=True)
@@ -128,8 +152,10 @@ def summarize(rows: list[Json], events: list[Json], threads: int, top: int) -> J
     for r in sorted(rows, key=lambda r: -r["total_ns"])[:top]:
         row: Json = {"function": r["key"], "calls": r["count"] / n, "ms": r["total_ns"] / n / 1e6,
                      "share": r["total_ns"] / total, "mean_us": r["avg_ns"] / 1e3, "best_us": r["min_ns"] / 1e3}  # fmt: skip
-        nbytes = matmul_bytes(r["key"])
-        if nbytes is not None:
+        nbytes, macs = matmul_bytes(r["key"]), matmul_macs(r["key"], tokens)
+        if macs is not None:
+            row |= {"gmacs_mean": macs / r["avg_ns"], "gmacs_best": macs / r["min_ns"]}
+        elif nbytes is not None:
             row |= {"gbps_mean": nbytes / r["avg_ns"], "gbps_best": nbytes / r["min_ns"]}
         kernels.append(row)
     return {"steps": n, "dispatches": len(events) / n, "span_ms": statistics.median(spans) / 1e6,
@@ -142,10 +168,12 @@ def render(s: Json, threads: int) -> str:
         f"{s['steps']} steps of {s['dispatches']:.0f} dispatches: span {s['span_ms']:.2f} ms, dispatches' walls "
         f"{s['walls_ms']:.2f} ms, gaps {s['gaps_ms']:.2f} ms, idle worker time inside dispatches "
         f"{s['idle_worker_ms']:.2f} ms (of {threads} workers)",
-        f"{'function':52s} {'calls':>5s} {'ms':>7s} {'share':>6s} {'mean us':>9s} {'best us':>9s}  GB/s mean / best",
+        f"{'function':52s} {'calls':>5s} {'ms':>7s} {'share':>6s} {'mean us':>9s} {'best us':>9s}  "
+        "GB/s mean / best (a prompt chunk's matmuls: GMAC/s)",
     ]
     for k in s["kernels"]:
-        gb = f"  {k['gbps_mean']:5.1f} / {k['gbps_best']:5.1f}" if "gbps_mean" in k else ""
+        rate = "gmacs" if "gmacs_mean" in k else "gbps"
+        gb = f"  {k[rate + '_mean']:5.1f} / {k[rate + '_best']:5.1f}" if rate + "_mean" in k else ""
         lines.append(f"{k['function'][:52]:52s} {k['calls']:5.0f} {k['ms']:7.2f} {k['share']:6.1%} "
                      f"{k['mean_us']:9.1f} {k['best_us']:9.1f}{gb}")  # fmt: skip
     return "\n".join(lines)
@@ -156,6 +184,7 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2", help="smollm2, a real_shapes.py name, or a GGUF path")
     ap.add_argument("--batch", type=int, default=1, help="the decode bucket (decode_bN) to run")
     ap.add_argument("--position", type=int, default=128, help="cached positions each row attends to")
+    ap.add_argument("--prefill", type=int, default=0, help="profile prefill_kv over a chunk of this many tokens")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=12)
@@ -169,9 +198,10 @@ def main() -> int:
         prof = Path(tmp) / "decode.ireeprof"
         step_ms = capture(artifact, gguf, args, prof)
         rows, events = profile_records(prof)
-    summary = {"model": gguf.name, "batch": args.batch, "position": args.position, "benchmark_step_ms": step_ms,
-               **summarize(rows, events, args.threads, args.top)}  # fmt: skip
-    print(f"{gguf.name}, decode_b{args.batch} at position {args.position}: {step_ms:.2f} ms a step")
+    step = f"prefill_kv of {args.prefill} tokens" if args.prefill else f"decode_b{args.batch} at position {args.position}"
+    summary = {"model": gguf.name, "step": step, "batch": args.batch, "position": args.position,
+               "prefill": args.prefill, "benchmark_step_ms": step_ms, **summarize(rows, events, args.threads, args.top, args.prefill)}  # fmt: skip
+    print(f"{gguf.name}, {step}: {step_ms:.2f} ms a step")
     print(render(summary, args.threads))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1) + "\n")

@@ -1,5 +1,6 @@
-"""bench/cpu_profile.py: the weight bytes a matmul kernel's name gives, the step figures it makes of
-IREE's dispatch events, and one real capture of SmolLM2's CPU decode step."""
+"""bench/cpu_profile.py: the weight bytes (and a prompt chunk's multiply-adds) a matmul kernel's
+name gives, the step figures it makes of IREE's dispatch events, and real captures of SmolLM2's
+CPU decode step and prompt chunk."""
 
 from __future__ import annotations
 
@@ -22,8 +23,26 @@ def test_matmul_bytes_from_the_kernel_name() -> None:
     assert cpu_profile.matmul_bytes("dot8_q4_0_b8_6144x4096_p4096x1024x1024") == 6144 * 128 * 18
     assert cpu_profile.matmul_bytes("dot8_q6_k_b8_128256x4096") == 128256 * 16 * 210
     assert cpu_profile.matmul_bytes("dot8_q4_1_1_576x1536") == 576 * 48 * 20
-    for other in ("attention_decode_w2147483647_s0p125_1_16x32x8x64f16", "argmax_cpu_128256", "dot8_qx_1_8x8"):
+    others = ("attention_decode_w2147483647_s0p125_1_16x32x8x64f16", "argmax_cpu_128256", "dot8_qx_1_8x8", "dot8_q4_0_b8_2048x8192_xq")
+    for other in others:
         assert cpu_profile.matmul_bytes(other) is None
+
+
+def test_matmul_macs_of_a_prompt_chunks_kernel() -> None:
+    assert cpu_profile.matmul_macs("dot8_q4_0_t_2048x8192", 128) == 2048 * 8192 * 128
+    assert cpu_profile.matmul_bytes("dot8_q5_k_t_16384x2048") == 16384 * 8 * 176
+    for other in ("dot8_q4_0_1_2048x2048", "dot8_q4_0_b8_4096x4096", "dot8_q4_0_t_2048x8192_xq", "rope_norm_cpu_32x64"):
+        assert cpu_profile.matmul_macs(other, 128) is None
+
+
+def test_step_args_of_a_prompt_chunk() -> None:
+    manifest = {"hparams": {"key_length": 64, "block_count": 16, "head_count_kv": 8}, "kv_cache": {"dtype": "f16"}}
+    args = cpu_profile.argparse.Namespace(batch=1, position=128, prefill=100)
+    assert cpu_profile.step_args(manifest, args) == [
+        "--function=prefill_kv", "--input=256x16x2x8x64xf16=0", "--input=100xi32=100", "--input=0", "--input=112xi32=0",
+    ]  # fmt: skip
+    args.prefill = 0
+    assert cpu_profile.step_args(manifest, args)[0] == "--function=decode_b1"
 
 
 def test_decode_inputs_give_every_row_of_a_batch_its_token_position_and_slots() -> None:
@@ -77,3 +96,16 @@ def test_a_real_capture_of_the_cpu_decode_step(tmp_path: Path) -> None:
     assert all(k["gbps_best"] >= k["gbps_mean"] > 0 for k in matmuls)
     assert all("_b4_" in k["function"] for k in matmuls)
     assert "decode_b4 at position 128" in done.stdout and "GB/s mean / best" in done.stdout
+
+
+def test_a_real_capture_of_a_cpu_prompt_chunk(tmp_path: Path) -> None:
+    """`prefill_kv` over 24 tokens: its matmuls are the prompt kernels, with GMAC/s in place of GB/s."""
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "cpu_profile.py"), "--steps", "2", "--prefill", "24", "--top", "40", "--json", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    s = json.loads(out.read_text())
+    assert s["steps"] == 2 and s["step"] == "prefill_kv of 24 tokens"
+    chunks = [k for k in s["kernels"] if "gmacs_best" in k]
+    assert chunks and all("_t_" in k["function"] and k["gmacs_best"] >= k["gmacs_mean"] > 0 for k in chunks)
+    assert sum(k["share"] for k in chunks) > 0.3
