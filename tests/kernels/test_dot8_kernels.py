@@ -239,7 +239,7 @@ def test_a_large_matrix_splits_finer_and_gives_the_same_bits(qtype: str, monkeyp
     results are bit for bit those of the coarser split. One token's kernel keeps one per CPU."""
     spec = DEVICES["cpu"]()
     q = QUANT_TYPES[qtype]
-    n, k = 512, 256
+    n, k = 2048, 256  # 128 units of 16 rows (64 of 8 on an AVX2 host): finer splits below 32 CPUs
     rng = np.random.default_rng(9)
     raw = (
         random_blocks(qtype, n, k, rng)
@@ -258,8 +258,12 @@ def test_a_large_matrix_splits_finer_and_gives_the_same_bits(qtype: str, monkeyp
         outs.append([to_host(mod.fn(f)(mod.to_device(x[:r])), mod.device) for f, r in (("b9", 9), ("mm", 9), ("mv", 1))])
     cpus = dot8._workgroups(prefill=False)
     units = [n // dot8_layout.lanes(q, n, r) for r in (9, 8, 1)]
-    assert counts[0] == [min(cpus, units[0]), min(dot8.PREFILL_WORKGROUPS, units[1]), min(cpus, units[2])]
-    assert counts[1] == [min(dot8.BATCH_SPLIT * cpus, units[0]), min(dot8.PREFILL_SPLIT, units[1]), counts[0][2]]
+
+    def count(u: int, wanted: int) -> int:  # as dot8._render spreads u units over `wanted` workgroups
+        return -(-u // max(1, -(-u // wanted)))
+
+    assert counts[0] == [count(units[0], cpus), count(units[1], dot8.PREFILL_WORKGROUPS), count(units[2], cpus)]
+    assert counts[1] == [count(units[0], dot8.BATCH_SPLIT * cpus), count(units[1], dot8.PREFILL_SPLIT), counts[0][2]]
     assert counts[1][0] > counts[0][0] and counts[1][1] > counts[0][1]
     for coarse, fine in zip(*outs, strict=True):
         assert np.array_equal(coarse, fine)
