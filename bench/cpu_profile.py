@@ -1,13 +1,13 @@
 """Where a CPU decode step's (or prompt chunk's) time goes, kernel by kernel, from IREE's HAL profiling.
 
 Usage: .venv/bin/python bench/cpu_profile.py [--model smollm2|NAME|GGUF] [--batch 1] [--position 128]
-       [--prefill TOKENS] [--steps 20] [--threads 2] [--top 12] [--json FILE]
+       [--prefill TOKENS [--start POSITION]] [--steps 20] [--threads 2] [--top 12] [--json FILE]
 
 For the CPU what bench/gpu_profile.py is for a GPU. The model (NAME: a fixtures/real_shapes.py
 spec in Q4_0, written on first use) is compiled into zinc's cache on first use; then the
 iree-base-runtime wheel's `iree-benchmark-module` runs its `decode_b{batch}` --steps times with
 `--device_profiling_mode=host-execution` (or, with --prefill, its `prefill_kv` over a prompt chunk of
-that many tokens at position 0), under which IREE's local-task driver records each
+that many tokens at position 0 or --start), under which IREE's local-task driver records each
 dispatch's start, end and the summed time of its workgroups. Printed, and written with --json:
   - the step's span (first dispatch's start to last one's end, median over the steps), the part of
     it no dispatch covers (gaps: the task system between dispatches), and the worker time left
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # fixtures/; bench/ stays first
-from gpu_profile import decode_inputs, tool
+from gpu_profile import SLOTS, decode_inputs, tool
 
 Json = dict[str, Any]
 # an integer matmul kernel by type and shape (not the dispatch that quantizes its rows, `_xq`)
@@ -95,14 +95,20 @@ def capture(artifact: Path, gguf: Path, args: argparse.Namespace, prof: Path) ->
 
 def step_args(manifest: Json, args: argparse.Namespace) -> list[str]:
     """The function flag and inputs of the step profiled: decode_b{batch}, or with --prefill
-    `prefill_kv` (slab, ids [T], start 0, ctx [T padded to CTX_ALIGN]: every position's slot 0)."""
+    `prefill_kv` (slab, ids [T], start, ctx [start + T padded to CTX_ALIGN]: position p in slot p,
+    the slab grown to hold them; with --start 0 every position's slot is 0)."""
     inputs = decode_inputs(manifest["hparams"], args.position, manifest["kv_cache"]["dtype"], args.batch)
     if not args.prefill:
         return [f"--function=decode_b{args.batch}", *inputs]
     from zinc.artifact import CTX_ALIGN
 
-    ctx = -(-args.prefill // CTX_ALIGN) * CTX_ALIGN
-    return ["--function=prefill_kv", inputs[0], f"--input={args.prefill}xi32=100", "--input=0", f"--input={ctx}xi32=0"]
+    start = getattr(args, "start", 0)
+    ctx = -(-(start + args.prefill) // CTX_ALIGN) * CTX_ALIGN
+    slab, slots = inputs[0], "0"
+    if start:
+        slab = re.sub(r"^--input=\d+x", f"--input={max(SLOTS, ctx)}x", slab)
+        slots = " ".join(map(str, range(ctx)))
+    return ["--function=prefill_kv", slab, f"--input={args.prefill}xi32=100", f"--input={start}", f"--input={ctx}xi32={slots}"]
 
 
 def profile_records(prof: Path) -> tuple[list[Json], list[Json]]:
@@ -185,6 +191,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=1, help="the decode bucket (decode_bN) to run")
     ap.add_argument("--position", type=int, default=128, help="cached positions each row attends to")
     ap.add_argument("--prefill", type=int, default=0, help="profile prefill_kv over a chunk of this many tokens")
+    ap.add_argument("--start", type=int, default=0, help="with --prefill: the chunk's first position")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=12)
@@ -198,7 +205,8 @@ def main() -> int:
         prof = Path(tmp) / "decode.ireeprof"
         step_ms = capture(artifact, gguf, args, prof)
         rows, events = profile_records(prof)
-    step = f"prefill_kv of {args.prefill} tokens" if args.prefill else f"decode_b{args.batch} at position {args.position}"
+    at = f" at position {args.start}" if args.start else ""
+    step = f"prefill_kv of {args.prefill} tokens{at}" if args.prefill else f"decode_b{args.batch} at position {args.position}"
     summary = {"model": gguf.name, "step": step, "batch": args.batch, "position": args.position,
                "prefill": args.prefill, "benchmark_step_ms": step_ms, **summarize(rows, events, args.threads, args.top, args.prefill)}  # fmt: skip
     print(f"{gguf.name}, {step}: {step_ms:.2f} ms a step")

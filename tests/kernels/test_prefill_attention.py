@@ -2,10 +2,11 @@
 attention) against numpy, and against the linalg form it replaces there.
 
 T new rows at positions start + t attend causally over the sequence's keys by position, with a
-sliding window or without. The head widths cover every rows-per-workgroup choice (64: 4 rows,
-128: 2, 256: 1) and T is not a multiple of the rows, so the last block's clamped rows are
-exercised. A row's result must not depend on how many other rows share its call (a prompt split
-into chunks gives the same bits as a whole one).
+sliding window or without, at head widths 64, 128 and 256, with 1, 2, 4 and 8 query heads of a
+KV head in a workgroup's lanes; T is not a multiple of a workgroup's rows, so the last block's
+clamped lanes are exercised. A row's result must not
+depend on how many other rows share its call (a prompt split into chunks gives the same bits
+as a whole one).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from tests.compile_pool import compile_kernel
 from zinc.artifact import CTX_ALIGN
-from zinc.compiler.attention_prefill import render_prefill_attention, rows_per_workgroup
+from zinc.compiler.attention_prefill import render_prefill_attention, tiling
 from zinc.compiler.emitter import f32_const
 from zinc.runtime.device import to_host
 from zinc.runtime.module import LoadedModule
@@ -47,12 +48,12 @@ def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, heads_kv:
 
 @pytest.mark.parametrize(
     ("heads", "heads_kv", "hd", "window"),
-    [(6, 2, 64, 0), (4, 2, 128, 0), (2, 1, 256, 19), (9, 3, 64, 40)],
+    [(6, 2, 64, 0), (4, 2, 128, 0), (2, 1, 256, 19), (9, 3, 64, 40), (8, 2, 64, 0), (16, 2, 64, 23)],
 )
 def test_prefill_attention_matches_numpy(heads: int, heads_kv: int, hd: int, window: int) -> None:
     mod = module(heads, heads_kv, hd, window)
     rng = np.random.default_rng(hd + window)
-    start, t_n = 93, 2 * rows_per_workgroup(hd) + 3  # blocks of rows with a ragged last one
+    start, t_n = 93, 2 * tiling(heads, heads_kv, hd).rows + 3  # blocks of rows with a ragged last one
     width = -(-(start + t_n) // CTX_ALIGN) * CTX_ALIGN  # the session pads ctx, so S, to a multiple of CTX_ALIGN
     q = rng.standard_normal((t_n, heads * hd)).astype(np.float32)
     k, v = (rng.standard_normal((width, heads_kv, hd)).astype(np.float32) for _ in range(2))

@@ -177,6 +177,7 @@ def test_padded_gemm_chunks_give_the_fused_forms_logits_on_lavapipe(
         assert float(np.abs(a - expect).max()) / scale < TOL, f"{what}: the GEMM form against the reference"
 
 
+@pytest.mark.vulkan
 def test_a_kernel_the_device_cannot_build_is_a_clear_error_naming_the_cause() -> None:
     """An artifact for another GPU (ampere's subgroups of 32; on an NVIDIA driver, a kernel it
     refuses to compile) fails to load on lavapipe as an ArtifactError, not IREE's RuntimeError."""

@@ -45,6 +45,14 @@ def test_step_args_of_a_prompt_chunk() -> None:
     assert cpu_profile.step_args(manifest, args)[0] == "--function=decode_b1"
 
 
+def test_step_args_of_a_late_prompt_chunk_give_each_position_its_own_slot() -> None:
+    manifest = {"hparams": {"key_length": 64, "block_count": 16, "head_count_kv": 8}, "kv_cache": {"dtype": "f16"}}
+    args = cpu_profile.argparse.Namespace(batch=1, position=128, prefill=100, start=300)
+    flag, slab, ids, start, ctx = cpu_profile.step_args(manifest, args)
+    assert (flag, slab, ids, start) == ("--function=prefill_kv", "--input=400x16x2x8x64xf16=0", "--input=100xi32=100", "--input=300")
+    assert ctx == "--input=400xi32=" + " ".join(str(p) for p in range(400))
+
+
 def test_decode_inputs_give_every_row_of_a_batch_its_token_position_and_slots() -> None:
     hp = {"key_length": 64, "block_count": 16, "head_count_kv": 8}
     args = cpu_profile.decode_inputs(hp, 9, "f16", 8)
