@@ -51,6 +51,23 @@ def reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, heads_kv:
     [(6, 2, 64, 0), (4, 2, 128, 0), (2, 1, 256, 19), (9, 3, 64, 40), (8, 2, 64, 0), (16, 2, 64, 23)],
 )
 def test_prefill_attention_matches_numpy(heads: int, heads_kv: int, hd: int, window: int) -> None:
+    check(heads, heads_kv, hd, window)
+
+
+@pytest.mark.parametrize(("heads", "heads_kv", "hd", "window"), [(8, 2, 64, 0), (2, 1, 256, 19)])
+def test_an_avx2_target_takes_8_lanes(
+    monkeypatch: pytest.MonkeyPatch, heads: int, heads_kv: int, hd: int, window: int
+) -> None:
+    """Compiled for x86-64-v3 (AVX2's 16 registers of 8 floats), the kernel's vectors are 8 lanes
+    wide, and it gives the same results."""
+    monkeypatch.setenv("ZINC_CPU_TARGET", "x86-64-v3")
+    assert tiling(heads, heads_kv, hd).lanes == 8
+    check(heads, heads_kv, hd, window)
+
+
+def check(heads: int, heads_kv: int, hd: int, window: int) -> None:
+    """The kernel against numpy over a ragged last block of rows, and one row alone against its
+    row in the whole call."""
     mod = module(heads, heads_kv, hd, window)
     rng = np.random.default_rng(hd + window)
     start, t_n = 93, 2 * tiling(heads, heads_kv, hd).rows + 3  # blocks of rows with a ragged last one
