@@ -13,8 +13,8 @@ dispatch's start, end and the summed time of its workgroups. Printed, and writte
     it no dispatch covers (gaps: the task system between dispatches), and the worker time left
     idle inside dispatches (threads x wall - the workgroups' time: one worker done or not yet
     started while another works), per step;
-  - per kernel function, by time per step: calls per step, ms per step and share, the mean and the
-    fastest call; for the integer matmuls (zinc.compiler.dot8, named by type and shape) the weight
+  - per kernel function, by time per step: calls per step, ms per step and share, its worker time
+    left idle per step (where an uneven split or a slowed worker costs), the mean and the fastest call; for the integer matmuls (zinc.compiler.dot8, named by type and shape) the weight
     bytes one call reads over those two times, in GB/s, to hold against the host's read bandwidth
     (a prompt chunk's: its multiply-adds, in GMAC/s, to hold against the host's arithmetic).
 On a busy host the mean is what the steps got and the fastest what the kernel can do.
@@ -154,10 +154,14 @@ def summarize(rows: list[Json], events: list[Json], threads: int, top: int, toke
     n = len(steps)
     spans, walls, gaps, idle = zip(*(step_figures(s, threads) for s in steps), strict=True)
     total = sum(r["total_ns"] for r in rows)
+    idle_of: dict[str, int] = {}
+    for e in events:  # per function: where the idle worker time is (an uneven split, a slow worker)
+        idle_of[e["key"]] = idle_of.get(e["key"], 0) + max(0, threads * e["duration_ns"] - e["tile_duration_sum_ns"])
     kernels = []
     for r in sorted(rows, key=lambda r: -r["total_ns"])[:top]:
         row: Json = {"function": r["key"], "calls": r["count"] / n, "ms": r["total_ns"] / n / 1e6,
-                     "share": r["total_ns"] / total, "mean_us": r["avg_ns"] / 1e3, "best_us": r["min_ns"] / 1e3}  # fmt: skip
+                     "share": r["total_ns"] / total, "mean_us": r["avg_ns"] / 1e3, "best_us": r["min_ns"] / 1e3,
+                     "idle_ms": idle_of.get(r["key"], 0) / n / 1e6}  # fmt: skip
         nbytes, macs = matmul_bytes(r["key"]), matmul_macs(r["key"], tokens)
         if macs is not None:
             row |= {"gmacs_mean": macs / r["avg_ns"], "gmacs_best": macs / r["min_ns"]}
@@ -174,13 +178,13 @@ def render(s: Json, threads: int) -> str:
         f"{s['steps']} steps of {s['dispatches']:.0f} dispatches: span {s['span_ms']:.2f} ms, dispatches' walls "
         f"{s['walls_ms']:.2f} ms, gaps {s['gaps_ms']:.2f} ms, idle worker time inside dispatches "
         f"{s['idle_worker_ms']:.2f} ms (of {threads} workers)",
-        f"{'function':52s} {'calls':>5s} {'ms':>7s} {'share':>6s} {'mean us':>9s} {'best us':>9s}  "
+        f"{'function':52s} {'calls':>5s} {'ms':>7s} {'share':>6s} {'idle ms':>7s} {'mean us':>9s} {'best us':>9s}  "
         "GB/s mean / best (a prompt chunk's matmuls: GMAC/s)",
     ]
     for k in s["kernels"]:
         rate = "gmacs" if "gmacs_mean" in k else "gbps"
         gb = f"  {k[rate + '_mean']:5.1f} / {k[rate + '_best']:5.1f}" if rate + "_mean" in k else ""
-        lines.append(f"{k['function'][:52]:52s} {k['calls']:5.0f} {k['ms']:7.2f} {k['share']:6.1%} "
+        lines.append(f"{k['function'][:52]:52s} {k['calls']:5.0f} {k['ms']:7.2f} {k['share']:6.1%} {k['idle_ms']:7.2f} "
                      f"{k['mean_us']:9.1f} {k['best_us']:9.1f}{gb}")  # fmt: skip
     return "\n".join(lines)
 

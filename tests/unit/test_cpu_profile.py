@@ -85,6 +85,8 @@ def test_steps_spans_gaps_and_idle_workers() -> None:
     first = s["kernels"][0]
     assert first["function"] == "dot8_q4_0_1_64x64" and first["calls"] == 1
     assert first["share"] == pytest.approx(200 / 260)
+    assert first["idle_ms"] * 1e6 == pytest.approx(40)  # per step: 2 x 100 - 160
+    assert s["kernels"][1]["idle_ms"] == 0  # its workers were busy for all of its 30 ns
     assert first["gbps_best"] == pytest.approx(64 * 2 * 18 / 90) and "gbps_mean" not in s["kernels"][1]
 
 
